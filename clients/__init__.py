@@ -1,0 +1,1 @@
+"""Clients of the inference service. `clients.cli` is the `inference-client` command."""

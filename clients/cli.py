@@ -1,0 +1,125 @@
+"""`inference-client`: talk to an inference server from a terminal or a script.
+
+inference-client generate [--chat] [--model M] [--max-tokens N] PROMPT
+inference-client generate --json PROMPT    # one JSON object per stream event
+inference-client models
+inference-client health
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Iterable, Sequence
+
+import grpc
+from google.protobuf import json_format
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+from inference.v1 import inference_pb2 as pb
+from inference.v1 import inference_pb2_grpc as pb_grpc
+
+DEFAULT_TARGET = "127.0.0.1:50051"
+
+
+def _generate_request(args: argparse.Namespace) -> pb.GenerateRequest:
+    request = pb.GenerateRequest(model=args.model, stop=args.stop)
+    if args.chat:
+        request.messages.append(pb.ChatMessage(role="user", content=args.prompt))
+    else:
+        request.prompt = args.prompt
+    for name in ("max_tokens", "temperature", "top_p", "top_k", "seed"):
+        value = getattr(args, name)
+        if value is not None:
+            setattr(request, name, value)
+    return request
+
+
+def _summary_line(finished: pb.GenerationFinished) -> str:
+    reason = pb.FinishReason.Name(finished.finish_reason).removeprefix("FINISH_REASON_").lower()
+    usage, timing = finished.usage, finished.timing
+    return (
+        f"[ttft {timing.ttft_ms:.0f} ms | {usage.prompt_tokens} prompt + "
+        f"{usage.completion_tokens} completion tokens | "
+        f"{timing.decode_tokens_per_second:.1f} tokens/s | finish: {reason}]"
+    )
+
+
+def _print_stream(stream: Iterable[pb.GenerateResponse], as_json: bool) -> None:
+    for response in stream:
+        if as_json:
+            print(json_format.MessageToJson(response, indent=None), flush=True)
+            continue
+        event = response.WhichOneof("event")
+        if event == "delta":
+            print(response.delta.text, end="", flush=True)
+        elif event == "finished":
+            print("\n" + _summary_line(response.finished), file=sys.stderr)
+
+
+def generate(args: argparse.Namespace) -> int:
+    with grpc.insecure_channel(args.target) as channel:
+        stub = pb_grpc.InferenceStub(channel)
+        _print_stream(stub.Generate(_generate_request(args), timeout=args.timeout), args.json)
+    return 0
+
+
+def models(args: argparse.Namespace) -> int:
+    with grpc.insecure_channel(args.target) as channel:
+        reply = pb_grpc.InferenceStub(channel).ListModels(
+            pb.ListModelsRequest(), timeout=args.timeout
+        )
+    print(json_format.MessageToJson(reply))
+    return 0
+
+
+def health_check(args: argparse.Namespace) -> int:
+    with grpc.insecure_channel(args.target) as channel:
+        reply = health_pb2_grpc.HealthStub(channel).Check(
+            health_pb2.HealthCheckRequest(service=args.service), timeout=args.timeout
+        )
+    status = health_pb2.HealthCheckResponse.ServingStatus.Name(reply.status)
+    print(status)
+    return 0 if reply.status == health_pb2.HealthCheckResponse.SERVING else 1
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="inference-client", description=__doc__.splitlines()[0])
+    parser.add_argument("--target", default=DEFAULT_TARGET, help="server HOST:PORT")
+    parser.add_argument("--timeout", type=float, default=None, help="deadline in seconds")
+    commands = parser.add_subparsers(dest="command", required=True)
+
+    gen = commands.add_parser("generate", help="stream a completion")
+    gen.add_argument("prompt", help="the prompt (or the user message with --chat)")
+    gen.add_argument("--model", default="", help="model name (default: the server's)")
+    gen.add_argument("--chat", action="store_true", help="send as a chat message")
+    gen.add_argument("--max-tokens", type=int)
+    gen.add_argument("--temperature", type=float)
+    gen.add_argument("--top-p", type=float)
+    gen.add_argument("--top-k", type=int)
+    gen.add_argument("--seed", type=int)
+    gen.add_argument("--stop", action="append", default=[], help="stop sequence; repeatable")
+    gen.add_argument("--json", action="store_true", help="print each event as one JSON line")
+    gen.set_defaults(run=generate)
+
+    commands.add_parser("models", help="list the server's models").set_defaults(run=models)
+
+    check = commands.add_parser("health", help="ask grpc.health.v1; exit 0 when SERVING")
+    check.add_argument("--service", default="", help="service name ('' = the whole server)")
+    check.set_defaults(run=health_check)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return int(args.run(args))
+    except grpc.RpcError as exc:
+        print(f"error: {exc.code().name}: {exc.details()}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

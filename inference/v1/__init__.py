@@ -1,0 +1,1 @@
+"""Python stubs generated from protos/ by `make protos`. Do not edit."""

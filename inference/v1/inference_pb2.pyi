@@ -1,0 +1,297 @@
+from google.protobuf.internal import containers as _containers
+from google.protobuf.internal import enum_type_wrapper as _enum_type_wrapper
+from google.protobuf import descriptor as _descriptor
+from google.protobuf import message as _message
+from collections.abc import Iterable as _Iterable, Mapping as _Mapping
+from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
+
+DESCRIPTOR: _descriptor.FileDescriptor
+
+class Capability(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    CAPABILITY_UNSPECIFIED: _ClassVar[Capability]
+    CAPABILITY_TEXT: _ClassVar[Capability]
+    CAPABILITY_IMAGE: _ClassVar[Capability]
+
+class FinishReason(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    FINISH_REASON_UNSPECIFIED: _ClassVar[FinishReason]
+    FINISH_REASON_END_OF_TURN: _ClassVar[FinishReason]
+    FINISH_REASON_STOP_SEQUENCE: _ClassVar[FinishReason]
+    FINISH_REASON_LENGTH: _ClassVar[FinishReason]
+    FINISH_REASON_TIME_LIMIT: _ClassVar[FinishReason]
+
+class QuantizationScheme(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    QUANTIZATION_SCHEME_UNSPECIFIED: _ClassVar[QuantizationScheme]
+    QUANTIZATION_SCHEME_UNQUANTIZED: _ClassVar[QuantizationScheme]
+    QUANTIZATION_SCHEME_AFFINE_GROUP_INT: _ClassVar[QuantizationScheme]
+    QUANTIZATION_SCHEME_BLOCK_SCALED_FLOAT: _ClassVar[QuantizationScheme]
+    QUANTIZATION_SCHEME_GGUF_K_QUANT: _ClassVar[QuantizationScheme]
+    QUANTIZATION_SCHEME_GGUF_BLOCK: _ClassVar[QuantizationScheme]
+    QUANTIZATION_SCHEME_UNKNOWN_METHOD: _ClassVar[QuantizationScheme]
+CAPABILITY_UNSPECIFIED: Capability
+CAPABILITY_TEXT: Capability
+CAPABILITY_IMAGE: Capability
+FINISH_REASON_UNSPECIFIED: FinishReason
+FINISH_REASON_END_OF_TURN: FinishReason
+FINISH_REASON_STOP_SEQUENCE: FinishReason
+FINISH_REASON_LENGTH: FinishReason
+FINISH_REASON_TIME_LIMIT: FinishReason
+QUANTIZATION_SCHEME_UNSPECIFIED: QuantizationScheme
+QUANTIZATION_SCHEME_UNQUANTIZED: QuantizationScheme
+QUANTIZATION_SCHEME_AFFINE_GROUP_INT: QuantizationScheme
+QUANTIZATION_SCHEME_BLOCK_SCALED_FLOAT: QuantizationScheme
+QUANTIZATION_SCHEME_GGUF_K_QUANT: QuantizationScheme
+QUANTIZATION_SCHEME_GGUF_BLOCK: QuantizationScheme
+QUANTIZATION_SCHEME_UNKNOWN_METHOD: QuantizationScheme
+
+class ChatMessage(_message.Message):
+    __slots__ = ("role", "content")
+    ROLE_FIELD_NUMBER: _ClassVar[int]
+    CONTENT_FIELD_NUMBER: _ClassVar[int]
+    role: str
+    content: str
+    def __init__(self, role: _Optional[str] = ..., content: _Optional[str] = ...) -> None: ...
+
+class GenerateRequest(_message.Message):
+    __slots__ = ("model", "prompt", "messages", "max_tokens", "stop", "temperature", "top_p", "top_k", "min_p", "repeat_penalty", "seed")
+    MODEL_FIELD_NUMBER: _ClassVar[int]
+    PROMPT_FIELD_NUMBER: _ClassVar[int]
+    MESSAGES_FIELD_NUMBER: _ClassVar[int]
+    MAX_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    STOP_FIELD_NUMBER: _ClassVar[int]
+    TEMPERATURE_FIELD_NUMBER: _ClassVar[int]
+    TOP_P_FIELD_NUMBER: _ClassVar[int]
+    TOP_K_FIELD_NUMBER: _ClassVar[int]
+    MIN_P_FIELD_NUMBER: _ClassVar[int]
+    REPEAT_PENALTY_FIELD_NUMBER: _ClassVar[int]
+    SEED_FIELD_NUMBER: _ClassVar[int]
+    model: str
+    prompt: str
+    messages: _containers.RepeatedCompositeFieldContainer[ChatMessage]
+    max_tokens: int
+    stop: _containers.RepeatedScalarFieldContainer[str]
+    temperature: float
+    top_p: float
+    top_k: int
+    min_p: float
+    repeat_penalty: float
+    seed: int
+    def __init__(self, model: _Optional[str] = ..., prompt: _Optional[str] = ..., messages: _Optional[_Iterable[_Union[ChatMessage, _Mapping]]] = ..., max_tokens: _Optional[int] = ..., stop: _Optional[_Iterable[str]] = ..., temperature: _Optional[float] = ..., top_p: _Optional[float] = ..., top_k: _Optional[int] = ..., min_p: _Optional[float] = ..., repeat_penalty: _Optional[float] = ..., seed: _Optional[int] = ...) -> None: ...
+
+class GenerateResponse(_message.Message):
+    __slots__ = ("started", "delta", "finished")
+    STARTED_FIELD_NUMBER: _ClassVar[int]
+    DELTA_FIELD_NUMBER: _ClassVar[int]
+    FINISHED_FIELD_NUMBER: _ClassVar[int]
+    started: GenerationStarted
+    delta: TextDelta
+    finished: GenerationFinished
+    def __init__(self, started: _Optional[_Union[GenerationStarted, _Mapping]] = ..., delta: _Optional[_Union[TextDelta, _Mapping]] = ..., finished: _Optional[_Union[GenerationFinished, _Mapping]] = ...) -> None: ...
+
+class GenerationStarted(_message.Message):
+    __slots__ = ("model", "backend", "prompt_tokens", "context_length")
+    MODEL_FIELD_NUMBER: _ClassVar[int]
+    BACKEND_FIELD_NUMBER: _ClassVar[int]
+    PROMPT_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    CONTEXT_LENGTH_FIELD_NUMBER: _ClassVar[int]
+    model: str
+    backend: str
+    prompt_tokens: int
+    context_length: int
+    def __init__(self, model: _Optional[str] = ..., backend: _Optional[str] = ..., prompt_tokens: _Optional[int] = ..., context_length: _Optional[int] = ...) -> None: ...
+
+class TextDelta(_message.Message):
+    __slots__ = ("text", "token_ids")
+    TEXT_FIELD_NUMBER: _ClassVar[int]
+    TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
+    text: str
+    token_ids: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, text: _Optional[str] = ..., token_ids: _Optional[_Iterable[int]] = ...) -> None: ...
+
+class Usage(_message.Message):
+    __slots__ = ("prompt_tokens", "completion_tokens", "cached_prompt_tokens")
+    PROMPT_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    COMPLETION_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    CACHED_PROMPT_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    prompt_tokens: int
+    completion_tokens: int
+    cached_prompt_tokens: int
+    def __init__(self, prompt_tokens: _Optional[int] = ..., completion_tokens: _Optional[int] = ..., cached_prompt_tokens: _Optional[int] = ...) -> None: ...
+
+class Timing(_message.Message):
+    __slots__ = ("ttft_ms", "decode_tokens_per_second", "total_ms", "queue_ms")
+    TTFT_MS_FIELD_NUMBER: _ClassVar[int]
+    DECODE_TOKENS_PER_SECOND_FIELD_NUMBER: _ClassVar[int]
+    TOTAL_MS_FIELD_NUMBER: _ClassVar[int]
+    QUEUE_MS_FIELD_NUMBER: _ClassVar[int]
+    ttft_ms: float
+    decode_tokens_per_second: float
+    total_ms: float
+    queue_ms: float
+    def __init__(self, ttft_ms: _Optional[float] = ..., decode_tokens_per_second: _Optional[float] = ..., total_ms: _Optional[float] = ..., queue_ms: _Optional[float] = ...) -> None: ...
+
+class GenerationFinished(_message.Message):
+    __slots__ = ("finish_reason", "stop_sequence", "usage", "timing", "seed")
+    FINISH_REASON_FIELD_NUMBER: _ClassVar[int]
+    STOP_SEQUENCE_FIELD_NUMBER: _ClassVar[int]
+    USAGE_FIELD_NUMBER: _ClassVar[int]
+    TIMING_FIELD_NUMBER: _ClassVar[int]
+    SEED_FIELD_NUMBER: _ClassVar[int]
+    finish_reason: FinishReason
+    stop_sequence: str
+    usage: Usage
+    timing: Timing
+    seed: int
+    def __init__(self, finish_reason: _Optional[_Union[FinishReason, str]] = ..., stop_sequence: _Optional[str] = ..., usage: _Optional[_Union[Usage, _Mapping]] = ..., timing: _Optional[_Union[Timing, _Mapping]] = ..., seed: _Optional[int] = ...) -> None: ...
+
+class AdmitRequest(_message.Message):
+    __slots__ = ("model", "capability")
+    MODEL_FIELD_NUMBER: _ClassVar[int]
+    CAPABILITY_FIELD_NUMBER: _ClassVar[int]
+    model: str
+    capability: Capability
+    def __init__(self, model: _Optional[str] = ..., capability: _Optional[_Union[Capability, str]] = ...) -> None: ...
+
+class Quantization(_message.Message):
+    __slots__ = ("scheme", "method", "bits", "group_size")
+    SCHEME_FIELD_NUMBER: _ClassVar[int]
+    METHOD_FIELD_NUMBER: _ClassVar[int]
+    BITS_FIELD_NUMBER: _ClassVar[int]
+    GROUP_SIZE_FIELD_NUMBER: _ClassVar[int]
+    scheme: QuantizationScheme
+    method: str
+    bits: int
+    group_size: int
+    def __init__(self, scheme: _Optional[_Union[QuantizationScheme, str]] = ..., method: _Optional[str] = ..., bits: _Optional[int] = ..., group_size: _Optional[int] = ...) -> None: ...
+
+class MemoryEstimate(_message.Message):
+    __slots__ = ("weights_bytes", "kv_cache_bytes", "total_bytes", "budget_bytes", "free_bytes", "fits", "would_evict")
+    WEIGHTS_BYTES_FIELD_NUMBER: _ClassVar[int]
+    KV_CACHE_BYTES_FIELD_NUMBER: _ClassVar[int]
+    TOTAL_BYTES_FIELD_NUMBER: _ClassVar[int]
+    BUDGET_BYTES_FIELD_NUMBER: _ClassVar[int]
+    FREE_BYTES_FIELD_NUMBER: _ClassVar[int]
+    FITS_FIELD_NUMBER: _ClassVar[int]
+    WOULD_EVICT_FIELD_NUMBER: _ClassVar[int]
+    weights_bytes: int
+    kv_cache_bytes: int
+    total_bytes: int
+    budget_bytes: int
+    free_bytes: int
+    fits: bool
+    would_evict: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, weights_bytes: _Optional[int] = ..., kv_cache_bytes: _Optional[int] = ..., total_bytes: _Optional[int] = ..., budget_bytes: _Optional[int] = ..., free_bytes: _Optional[int] = ..., fits: _Optional[bool] = ..., would_evict: _Optional[_Iterable[str]] = ...) -> None: ...
+
+class AdmitResponse(_message.Message):
+    __slots__ = ("admitted", "reason", "backend", "architecture", "quantization", "memory", "loaded", "available_locally")
+    ADMITTED_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    BACKEND_FIELD_NUMBER: _ClassVar[int]
+    ARCHITECTURE_FIELD_NUMBER: _ClassVar[int]
+    QUANTIZATION_FIELD_NUMBER: _ClassVar[int]
+    MEMORY_FIELD_NUMBER: _ClassVar[int]
+    LOADED_FIELD_NUMBER: _ClassVar[int]
+    AVAILABLE_LOCALLY_FIELD_NUMBER: _ClassVar[int]
+    admitted: bool
+    reason: str
+    backend: str
+    architecture: str
+    quantization: Quantization
+    memory: MemoryEstimate
+    loaded: bool
+    available_locally: bool
+    def __init__(self, admitted: _Optional[bool] = ..., reason: _Optional[str] = ..., backend: _Optional[str] = ..., architecture: _Optional[str] = ..., quantization: _Optional[_Union[Quantization, _Mapping]] = ..., memory: _Optional[_Union[MemoryEstimate, _Mapping]] = ..., loaded: _Optional[bool] = ..., available_locally: _Optional[bool] = ...) -> None: ...
+
+class GenerateImageRequest(_message.Message):
+    __slots__ = ("model", "prompt", "negative_prompt", "width", "height", "steps", "guidance", "seed")
+    MODEL_FIELD_NUMBER: _ClassVar[int]
+    PROMPT_FIELD_NUMBER: _ClassVar[int]
+    NEGATIVE_PROMPT_FIELD_NUMBER: _ClassVar[int]
+    WIDTH_FIELD_NUMBER: _ClassVar[int]
+    HEIGHT_FIELD_NUMBER: _ClassVar[int]
+    STEPS_FIELD_NUMBER: _ClassVar[int]
+    GUIDANCE_FIELD_NUMBER: _ClassVar[int]
+    SEED_FIELD_NUMBER: _ClassVar[int]
+    model: str
+    prompt: str
+    negative_prompt: str
+    width: int
+    height: int
+    steps: int
+    guidance: float
+    seed: int
+    def __init__(self, model: _Optional[str] = ..., prompt: _Optional[str] = ..., negative_prompt: _Optional[str] = ..., width: _Optional[int] = ..., height: _Optional[int] = ..., steps: _Optional[int] = ..., guidance: _Optional[float] = ..., seed: _Optional[int] = ...) -> None: ...
+
+class GenerateImageResponse(_message.Message):
+    __slots__ = ("progress", "image")
+    PROGRESS_FIELD_NUMBER: _ClassVar[int]
+    IMAGE_FIELD_NUMBER: _ClassVar[int]
+    progress: ImageProgress
+    image: GeneratedImage
+    def __init__(self, progress: _Optional[_Union[ImageProgress, _Mapping]] = ..., image: _Optional[_Union[GeneratedImage, _Mapping]] = ...) -> None: ...
+
+class ImageProgress(_message.Message):
+    __slots__ = ("step", "total_steps", "elapsed_ms")
+    STEP_FIELD_NUMBER: _ClassVar[int]
+    TOTAL_STEPS_FIELD_NUMBER: _ClassVar[int]
+    ELAPSED_MS_FIELD_NUMBER: _ClassVar[int]
+    step: int
+    total_steps: int
+    elapsed_ms: float
+    def __init__(self, step: _Optional[int] = ..., total_steps: _Optional[int] = ..., elapsed_ms: _Optional[float] = ...) -> None: ...
+
+class GeneratedImage(_message.Message):
+    __slots__ = ("data", "media_type", "width", "height", "seed", "model", "backend", "total_ms")
+    DATA_FIELD_NUMBER: _ClassVar[int]
+    MEDIA_TYPE_FIELD_NUMBER: _ClassVar[int]
+    WIDTH_FIELD_NUMBER: _ClassVar[int]
+    HEIGHT_FIELD_NUMBER: _ClassVar[int]
+    SEED_FIELD_NUMBER: _ClassVar[int]
+    MODEL_FIELD_NUMBER: _ClassVar[int]
+    BACKEND_FIELD_NUMBER: _ClassVar[int]
+    TOTAL_MS_FIELD_NUMBER: _ClassVar[int]
+    data: bytes
+    media_type: str
+    width: int
+    height: int
+    seed: int
+    model: str
+    backend: str
+    total_ms: float
+    def __init__(self, data: _Optional[bytes] = ..., media_type: _Optional[str] = ..., width: _Optional[int] = ..., height: _Optional[int] = ..., seed: _Optional[int] = ..., model: _Optional[str] = ..., backend: _Optional[str] = ..., total_ms: _Optional[float] = ...) -> None: ...
+
+class ListModelsRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class ModelInfo(_message.Message):
+    __slots__ = ("name", "source", "backend", "capabilities", "is_default", "loaded", "memory_bytes", "last_used_unix_ms", "context_length")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    SOURCE_FIELD_NUMBER: _ClassVar[int]
+    BACKEND_FIELD_NUMBER: _ClassVar[int]
+    CAPABILITIES_FIELD_NUMBER: _ClassVar[int]
+    IS_DEFAULT_FIELD_NUMBER: _ClassVar[int]
+    LOADED_FIELD_NUMBER: _ClassVar[int]
+    MEMORY_BYTES_FIELD_NUMBER: _ClassVar[int]
+    LAST_USED_UNIX_MS_FIELD_NUMBER: _ClassVar[int]
+    CONTEXT_LENGTH_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    source: str
+    backend: str
+    capabilities: _containers.RepeatedScalarFieldContainer[Capability]
+    is_default: bool
+    loaded: bool
+    memory_bytes: int
+    last_used_unix_ms: int
+    context_length: int
+    def __init__(self, name: _Optional[str] = ..., source: _Optional[str] = ..., backend: _Optional[str] = ..., capabilities: _Optional[_Iterable[_Union[Capability, str]]] = ..., is_default: _Optional[bool] = ..., loaded: _Optional[bool] = ..., memory_bytes: _Optional[int] = ..., last_used_unix_ms: _Optional[int] = ..., context_length: _Optional[int] = ...) -> None: ...
+
+class ListModelsResponse(_message.Message):
+    __slots__ = ("models", "default_model")
+    MODELS_FIELD_NUMBER: _ClassVar[int]
+    DEFAULT_MODEL_FIELD_NUMBER: _ClassVar[int]
+    models: _containers.RepeatedCompositeFieldContainer[ModelInfo]
+    default_model: str
+    def __init__(self, models: _Optional[_Iterable[_Union[ModelInfo, _Mapping]]] = ..., default_model: _Optional[str] = ...) -> None: ...

@@ -1,0 +1,68 @@
+"""What the decode loop needs from a text backend.
+
+A backend wraps one loaded model of one library. Its methods are small and
+synchronous; they run on the worker thread that owns the model, never on the
+event loop. Sampling happens inside the backend (each library samples on its
+own logits), with parameters the shared loop resolved and validated.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Generator, Sequence
+from dataclasses import dataclass
+from typing import Protocol
+
+from service.generation import SamplingDefaults, SamplingParams
+
+
+@dataclass
+class TokenStream:
+    """Sampled tokens for one request, one at a time, lazily.
+
+    `cached_prompt_tokens` counts the prompt tokens reused from the model's
+    cache instead of evaluated again.
+    """
+
+    cached_prompt_tokens: int
+    tokens: Generator[int, None, None]
+
+
+class TextBackend(Protocol):
+    @property
+    def name(self) -> str:
+        """The library, as clients see it: "llama.cpp", "mlx-lm"."""
+        ...
+
+    @property
+    def context_length(self) -> int: ...
+
+    @property
+    def adds_bos(self) -> bool:
+        """Whether the model expects a beginning-of-sequence token before a prompt."""
+        ...
+
+    def is_end_of_generation(self, token_id: int) -> bool:
+        """Whether the token ends a turn (eos, eot, <|im_end|>, ...)."""
+        ...
+
+    @property
+    def chat_template(self) -> str | None:
+        """The model's own Jinja chat template, if it ships one."""
+        ...
+
+    @property
+    def template_tokens(self) -> dict[str, str]:
+        """Special token strings a chat template refers to (bos_token, eos_token)."""
+        ...
+
+    def sampling_defaults(self) -> SamplingDefaults: ...
+
+    def tokenize(self, text: str, *, add_bos: bool) -> list[int]: ...
+
+    def token_bytes(self, token_id: int) -> bytes: ...
+
+    def generate(self, prompt_ids: Sequence[int], sampling: SamplingParams) -> TokenStream:
+        """Start generating after `prompt_ids`; nothing runs until iterated."""
+        ...
+
+    def close(self) -> None: ...

@@ -1,0 +1,174 @@
+"""Settings: one object built at start-up and passed explicitly.
+
+Precedence, highest first: command-line flags, environment variables
+(`INFERENCE_` prefix), the TOML file named by `--config` (or
+`INFERENCE_CONFIG`), then the defaults below. Every field's description is
+its `--help` text.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import tomllib
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, Field, ValidationError, field_validator
+from pydantic_settings import BaseSettings, EnvSettingsSource, SettingsConfigDict
+
+ENV_PREFIX = "INFERENCE_"
+
+
+def available_cores() -> int:
+    """Cores this process may run on (the affinity mask, not the machine's count)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not on Linux
+        return os.cpu_count() or 1
+
+
+class ModelConfig(BaseModel):
+    """One operator-configured model."""
+
+    path: Path = Field(description="The model file (a .gguf).")
+    context_size: int | None = Field(
+        default=None, gt=0, description="Context window in tokens; default: the server's."
+    )
+    threads: int | None = Field(
+        default=None, gt=0, description="Threads for this model; default: the server's."
+    )
+    chat_template: str | None = Field(
+        default=None,
+        description="A Jinja chat template that replaces (or supplies) the model's own.",
+    )
+
+
+class Settings(BaseSettings):
+    model_config = SettingsConfigDict(env_prefix=ENV_PREFIX, extra="forbid")
+
+    listen: str = Field(
+        default="127.0.0.1:50051",
+        description="Address to serve gRPC on, HOST:PORT (port 0 picks a free port).",
+    )
+    default_model: str = Field(
+        default="smollm2-135m-instruct",
+        description="Model that serves requests which leave `model` empty.",
+    )
+    models: dict[str, ModelConfig] = Field(
+        default_factory=dict,
+        description="Extra models by name, besides the embedded ones (NAME=PATH).",
+    )
+    threads: int = Field(
+        default_factory=available_cores,
+        gt=0,
+        description="CPU threads per model for decoding and prompt evaluation.",
+    )
+    context_size: int = Field(
+        default=4096,
+        gt=0,
+        description="Context window in tokens, capped by what each model was trained for.",
+    )
+    default_max_tokens: int = Field(
+        default=512,
+        gt=0,
+        description="Token budget of a request that does not set max_tokens.",
+    )
+    max_decode_seconds: float = Field(
+        default=300.0,
+        gt=0,
+        description="Wall-clock ceiling on one generation; it then ends with finish "
+        "reason TIME_LIMIT and keeps the text so far.",
+    )
+    grace_period: float = Field(
+        default=10.0,
+        ge=0,
+        description="Seconds in-flight requests may take to finish on SIGTERM/SIGINT.",
+    )
+    log_format: Literal["auto", "json", "console"] = Field(
+        default="auto",
+        description="Log lines as JSON or for a console; auto picks JSON unless on a terminal.",
+    )
+    log_level: Literal["debug", "info", "warning", "error"] = Field(
+        default="info", description="The least severe log level written."
+    )
+
+    @field_validator("listen")
+    @classmethod
+    def _check_listen(cls, value: str) -> str:
+        host, sep, port = value.rpartition(":")
+        if not sep or not host or not port.isdigit():
+            raise ValueError(f"expected HOST:PORT, got {value!r}")
+        return value
+
+
+def _flag(name: str) -> str:
+    return "--" + name.replace("_", "-")
+
+
+def _parse_model_flag(text: str) -> tuple[str, str]:
+    name, sep, path = text.partition("=")
+    if not sep or not name or not path:
+        raise argparse.ArgumentTypeError(f"expected NAME=PATH, got {text!r}")
+    return name, path
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="inference-server",
+        description="Serve local language models over gRPC (package inference.v1).",
+        argument_default=argparse.SUPPRESS,  # only flags given on the command line count
+    )
+    parser.add_argument(
+        "--config",
+        type=Path,
+        help=f"TOML file with any of the settings below (env {ENV_PREFIX}CONFIG).",
+    )
+    for name, field in Settings.model_fields.items():
+        env = f"{ENV_PREFIX}{name.upper()}"
+        help_text = f"{(field.description or '').rstrip('.')} (env {env})"
+        if name == "models":
+            parser.add_argument(
+                "--model",
+                dest="models",
+                action="append",
+                type=_parse_model_flag,
+                metavar="NAME=PATH",
+                help=f"{help_text}; repeatable.",
+            )
+            continue
+        choices = getattr(field.annotation, "__args__", None) if name.startswith("log_") else None
+        default = field.get_default(call_default_factory=True)
+        parser.add_argument(
+            _flag(name),
+            dest=name,
+            choices=choices,
+            help=f"{help_text}; default: {default}.",
+        )
+    return parser
+
+
+def _read_config_file(path: Path) -> dict[str, Any]:
+    try:
+        with path.open("rb") as file:
+            return tomllib.load(file)
+    except OSError as exc:
+        raise SystemExit(f"cannot read config file {path}: {exc.strerror}") from exc
+    except tomllib.TOMLDecodeError as exc:
+        raise SystemExit(f"config file {path} is not valid TOML: {exc}") from exc
+
+
+def load_settings(argv: Sequence[str] | None = None) -> Settings:
+    """Settings from flags, environment and config file, in that precedence."""
+    flags = vars(build_parser().parse_args(argv))
+    config_path = flags.pop("config", None) or os.environ.get(f"{ENV_PREFIX}CONFIG")
+    if "models" in flags:
+        flags["models"] = {name: {"path": path} for name, path in flags["models"]}
+    values: dict[str, Any] = _read_config_file(Path(config_path)) if config_path else {}
+    values.update(EnvSettingsSource(Settings)())
+    values.update(flags)
+    try:
+        return Settings(**values)
+    except ValidationError as exc:
+        raise SystemExit(f"invalid settings:\n{exc}") from exc

@@ -1,0 +1,1 @@
+"""The decode loop every text backend runs through, and its text handling."""

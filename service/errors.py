@@ -1,0 +1,58 @@
+"""Errors of the service domain, each carrying the gRPC status it maps to.
+
+    ServiceError
+    ├── InvalidRequest        INVALID_ARGUMENT     the request itself is wrong
+    ├── ModelNotFound         NOT_FOUND            no model by that name
+    ├── NotSupported          FAILED_PRECONDITION  the model cannot do what was asked
+    ├── AccessDenied          PERMISSION_DENIED    a path outside the allowed roots
+    ├── Overloaded            RESOURCE_EXHAUSTED   no room to serve it now
+    ├── NotImplementedYet     UNIMPLEMENTED        an RPC this build does not serve
+    └── BackendFailure        INTERNAL             the model library failed
+
+Code raises these; `service.rpc` turns them into statuses in one place. Any
+other exception becomes INTERNAL with a generic message and a logged traceback.
+"""
+
+from __future__ import annotations
+
+from typing import ClassVar
+
+import grpc
+
+
+class ServiceError(Exception):
+    """Base of every error a client is told about by its message."""
+
+    code: ClassVar[grpc.StatusCode] = grpc.StatusCode.INTERNAL
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message)
+        self.message = message
+
+
+class InvalidRequest(ServiceError):
+    code = grpc.StatusCode.INVALID_ARGUMENT
+
+
+class ModelNotFound(ServiceError):
+    code = grpc.StatusCode.NOT_FOUND
+
+
+class NotSupported(ServiceError):
+    code = grpc.StatusCode.FAILED_PRECONDITION
+
+
+class AccessDenied(ServiceError):
+    code = grpc.StatusCode.PERMISSION_DENIED
+
+
+class Overloaded(ServiceError):
+    code = grpc.StatusCode.RESOURCE_EXHAUSTED
+
+
+class NotImplementedYet(ServiceError):
+    code = grpc.StatusCode.UNIMPLEMENTED
+
+
+class BackendFailure(ServiceError):
+    code = grpc.StatusCode.INTERNAL

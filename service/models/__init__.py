@@ -1,0 +1,1 @@
+"""Which models exist, where their weights are, and the ones loaded now."""

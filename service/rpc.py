@@ -1,0 +1,105 @@
+"""Where exceptions become gRPC statuses, and where each RPC is logged.
+
+Every servicer method is wrapped by `unary_rpc` or `stream_rpc`. A
+`ServiceError` becomes its own status and message; anything else becomes
+INTERNAL with a generic message and a logged traceback. Each RPC writes one
+summary line with whatever the method put in its `summary` dict.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any, TypeVar
+
+import grpc
+import structlog
+
+from service.errors import ServiceError
+
+log = structlog.get_logger("rpc")
+
+Request = TypeVar("Request")
+Response = TypeVar("Response")
+Servicer = TypeVar("Servicer")
+Summary = dict[str, Any]
+Context = grpc.aio.ServicerContext[Any, Any]
+
+INTERNAL_MESSAGE = "internal error while serving the request; the server log has details"
+
+
+class _RpcOutcome:
+    """Tracks the status of one RPC for its summary line."""
+
+    def __init__(self, method: str) -> None:
+        self.method = method
+        self.summary: Summary = {}
+        self.code = grpc.StatusCode.OK
+        self._started = time.monotonic()
+
+    def cancelled(self, context: Context) -> None:
+        remaining = context.time_remaining()
+        expired = remaining is not None and remaining <= 0
+        self.code = grpc.StatusCode.DEADLINE_EXCEEDED if expired else grpc.StatusCode.CANCELLED
+
+    async def fail(self, context: Context, exc: Exception) -> None:
+        """End the RPC with the status `exc` maps to (context.abort raises)."""
+        if isinstance(exc, ServiceError):
+            self.code, message = exc.code, exc.message
+            self.summary["error"] = message
+        else:
+            self.code, message = grpc.StatusCode.INTERNAL, INTERNAL_MESSAGE
+            log.exception("unhandled error", rpc=self.method)
+        await context.abort(self.code, message)
+
+    def write(self) -> None:
+        log.info(
+            "rpc",
+            rpc=self.method,
+            code=self.code.name,
+            duration_ms=round((time.monotonic() - self._started) * 1000, 1),
+            **self.summary,
+        )
+
+
+def unary_rpc(
+    method: Callable[[Servicer, Request, Summary], Awaitable[Response]],
+) -> Callable[[Servicer, Request, Context], Awaitable[Response]]:
+    @functools.wraps(method)
+    async def wrapper(self: Servicer, request: Request, context: Context) -> Any:
+        outcome = _RpcOutcome(method.__name__)
+        try:
+            return await method(self, request, outcome.summary)
+        except asyncio.CancelledError:
+            outcome.cancelled(context)
+            raise
+        except Exception as exc:
+            await outcome.fail(context, exc)
+        finally:
+            outcome.write()
+
+    return wrapper
+
+
+def stream_rpc(
+    method: Callable[[Servicer, Request, Summary], AsyncIterator[Response]],
+) -> Callable[[Servicer, Request, Context], AsyncIterator[Response]]:
+    @functools.wraps(method)
+    async def wrapper(
+        self: Servicer, request: Request, context: Context
+    ) -> AsyncIterator[Response]:
+        outcome = _RpcOutcome(method.__name__)
+        try:
+            async for response in method(self, request, outcome.summary):
+                yield response
+        except (asyncio.CancelledError, GeneratorExit):
+            outcome.cancelled(context)
+            raise
+        except Exception as exc:
+            await outcome.fail(context, exc)
+        finally:
+            outcome.write()
+
+    return wrapper

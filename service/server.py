@@ -1,0 +1,112 @@
+"""The process: a grpc.aio server with the Inference, health and reflection services.
+
+Start-up binds the port, reports NOT_SERVING, loads the default model in the
+background, then reports SERVING. SIGTERM or SIGINT drains: health turns
+NOT_SERVING, new RPCs are refused, in-flight ones get the grace period to
+finish, then the process exits 0.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+from collections.abc import Sequence
+
+import grpc
+import structlog
+from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+from grpc_reflection.v1alpha import reflection
+
+from inference.v1 import inference_pb2 as pb
+from inference.v1 import inference_pb2_grpc as pb_grpc
+from service.backends import load_text_backend
+from service.config import Settings, load_settings
+from service.log import configure_logging
+from service.models.catalog import Catalog
+from service.models.pool import ModelPool
+from service.servicer import InferenceServicer
+from service.text_generation import TextGenerator
+
+log = structlog.get_logger("server")
+
+INFERENCE_SERVICE = pb.DESCRIPTOR.services_by_name["Inference"].full_name
+SERVICE_NAMES = (INFERENCE_SERVICE, health.SERVICE_NAME, reflection.SERVICE_NAME)
+
+
+class InferenceServer:
+    """One server instance; tests run it in-process on port 0."""
+
+    def __init__(self, settings: Settings) -> None:
+        self.settings = settings
+        self.pool = ModelPool(Catalog(settings), load_text_backend)
+        # grpc-stubs predates health.aio, hence the ignore.
+        self.health = health.aio.HealthServicer()  # type: ignore[attr-defined]
+        self._server = grpc.aio.server()
+        self._warm_task: asyncio.Task[None] | None = None
+        pb_grpc.add_InferenceServicer_to_server(
+            InferenceServicer(self.pool, TextGenerator(self.pool, settings)), self._server
+        )
+        health_pb2_grpc.add_HealthServicer_to_server(self.health, self._server)
+        reflection.enable_server_reflection(SERVICE_NAMES, self._server)
+
+    async def start(self) -> int:
+        """Bind and start serving; returns the bound port."""
+        port = self._server.add_insecure_port(self.settings.listen)
+        if port == 0:
+            raise SystemExit(f"cannot listen on {self.settings.listen}")
+        await self._set_health(health_pb2.HealthCheckResponse.NOT_SERVING)
+        await self._server.start()
+        self._warm_task = asyncio.create_task(self._warm_default_model())
+        return port
+
+    async def ready(self) -> None:
+        """Wait until the default model is loaded (or failed to load)."""
+        if self._warm_task is not None:
+            await self._warm_task
+
+    async def stop(self, grace: float | None = None) -> None:
+        """Refuse new RPCs, let in-flight ones finish within `grace`, free models."""
+        await self.health.enter_graceful_shutdown()
+        if self._warm_task is not None:
+            self._warm_task.cancel()
+        await self._server.stop(self.settings.grace_period if grace is None else grace)
+        await self.pool.close()
+
+    async def _warm_default_model(self) -> None:
+        name = self.settings.default_model
+        try:
+            await self.pool.get(name)
+        except Exception:
+            log.exception("default model failed to load; health stays NOT_SERVING", model=name)
+            return
+        await self._set_health(health_pb2.HealthCheckResponse.SERVING)
+        log.info("default model loaded", model=name)
+
+    async def _set_health(self, status: health_pb2.HealthCheckResponse.ServingStatus) -> None:
+        for service in ("", INFERENCE_SERVICE):
+            await self.health.set(service, status)
+
+
+async def serve(settings: Settings) -> None:
+    server = InferenceServer(settings)
+    port = await server.start()
+    host = settings.listen.rpartition(":")[0]
+    log.info("serving", address=f"{host}:{port}", default_model=settings.default_model)
+    stopping = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(signum, stopping.set)
+    await stopping.wait()
+    log.info("draining", grace_period=settings.grace_period)
+    await server.stop()
+    log.info("stopped")
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    settings = load_settings(argv)
+    configure_logging(settings)
+    asyncio.run(serve(settings))
+
+
+if __name__ == "__main__":
+    main()

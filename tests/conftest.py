@@ -1,0 +1,94 @@
+"""A real server on a real port, called through the generated stubs."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from collections.abc import Coroutine, Iterator
+from typing import Any, TypeVar
+
+import grpc
+import pytest
+
+from inference.v1 import inference_pb2 as pb
+from inference.v1 import inference_pb2_grpc as pb_grpc
+from service.config import Settings
+from service.log import configure_logging
+from service.server import InferenceServer
+
+T = TypeVar("T")
+
+SMOLLM = "smollm2-135m-instruct"
+GEMMA = "gemma3-270m"
+
+
+class RunningServer:
+    """An InferenceServer on port 0, its event loop on a background thread."""
+
+    def __init__(self, settings: Settings) -> None:
+        self._loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self._loop.run_forever, daemon=True)
+        self._thread.start()
+        self.server = self.run(self._build(settings))
+        self.port = self.run(self.server.start())
+        self.run(self.server.ready())
+        self.target = f"127.0.0.1:{self.port}"
+
+    @staticmethod
+    async def _build(settings: Settings) -> InferenceServer:
+        return InferenceServer(settings)  # grpc.aio objects belong to the running loop
+
+    def run(self, coroutine: Coroutine[Any, Any, T], timeout: float = 120) -> T:
+        return asyncio.run_coroutine_threadsafe(coroutine, self._loop).result(timeout)
+
+    def stop(self) -> None:
+        self.run(self.server.stop(grace=0))
+        self._loop.call_soon_threadsafe(self._loop.stop)
+        self._thread.join(timeout=10)
+        self._loop.close()
+
+
+def make_settings(**overrides: Any) -> Settings:
+    values: dict[str, Any] = {
+        "listen": "127.0.0.1:0",
+        "threads": 2,
+        "context_size": 1024,
+        "default_model": SMOLLM,
+        "log_format": "json",
+        "log_level": "warning",
+    }
+    values.update(overrides)
+    return Settings(**values)
+
+
+@pytest.fixture(scope="session")
+def server() -> Iterator[RunningServer]:
+    settings = make_settings()
+    configure_logging(settings)  # as main() does: log lines to stderr, never stdout
+    running = RunningServer(settings)
+    yield running
+    running.stop()
+
+
+@pytest.fixture(scope="session")
+def channel(server: RunningServer) -> Iterator[grpc.Channel]:
+    with grpc.insecure_channel(server.target) as channel:
+        yield channel
+
+
+@pytest.fixture(scope="session")
+def stub(channel: grpc.Channel) -> pb_grpc.InferenceStub:
+    return pb_grpc.InferenceStub(channel)
+
+
+def collect(stream: Any) -> list[pb.GenerateResponse]:
+    return list(stream)
+
+
+def text_of(events: list[pb.GenerateResponse]) -> str:
+    return "".join(e.delta.text for e in events if e.WhichOneof("event") == "delta")
+
+
+def finished_of(events: list[pb.GenerateResponse]) -> pb.GenerationFinished:
+    assert events[-1].WhichOneof("event") == "finished"
+    return events[-1].finished

@@ -1,0 +1,58 @@
+"""inference-client against a real server."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from clients.cli import main
+from tests.conftest import GEMMA, RunningServer
+
+
+def test_generate_prints_text_then_a_summary(
+    server: RunningServer, capsys: pytest.CaptureFixture[str]
+) -> None:
+    argv = ["--target", server.target, "generate", "--model", GEMMA, "--max-tokens", "6"]
+    code = main([*argv, "--temperature", "0", "Q: What is the capital of France?\nA:"])
+    out, err = capsys.readouterr()
+    assert code == 0
+    assert "Paris" in out
+    assert "finish: length" in err
+    assert "6 completion tokens" in err
+
+
+def test_generate_json_prints_one_event_per_line(
+    server: RunningServer, capsys: pytest.CaptureFixture[str]
+) -> None:
+    code = main(["--target", server.target, "generate", "--json", "--max-tokens", "3", "Hello"])
+    lines = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    assert code == 0
+    assert "started" in lines[0]
+    assert lines[0]["started"]["backend"] == "llama.cpp"
+    assert all("delta" in line for line in lines[1:-1])
+    assert lines[-1]["finished"]["usage"]["completionTokens"] == 3
+
+
+def test_chat_flag_sends_messages(
+    server: RunningServer, capsys: pytest.CaptureFixture[str]
+) -> None:
+    code = main(["--target", server.target, "generate", "--chat", "--json", "What is 2+2?"])
+    lines = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    assert code == 0
+    assert lines[-1]["finished"]["finishReason"] == "FINISH_REASON_END_OF_TURN"
+
+
+def test_errors_print_the_status_and_exit_nonzero(
+    server: RunningServer, capsys: pytest.CaptureFixture[str]
+) -> None:
+    code = main(["--target", server.target, "generate", "--model", "nope", "hi"])
+    assert code == 2
+    assert "NOT_FOUND" in capsys.readouterr().err
+
+
+def test_health_exits_zero_when_serving(
+    server: RunningServer, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main(["--target", server.target, "health"]) == 0
+    assert capsys.readouterr().out.strip() == "SERVING"

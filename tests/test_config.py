@@ -1,0 +1,60 @@
+"""Settings precedence: flags over environment over the config file over defaults."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from service.config import build_parser, load_settings
+
+
+def test_flags_override_environment_which_overrides_the_file(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    config = tmp_path / "server.toml"
+    config.write_text(
+        'listen = "0.0.0.0:7000"\nthreads = 3\ncontext_size = 2048\n'
+        '[models.mine]\npath = "/models/mine.gguf"\ncontext_size = 512\n'
+    )
+    monkeypatch.setenv("INFERENCE_THREADS", "5")
+    monkeypatch.setenv("INFERENCE_CONTEXT_SIZE", "1024")
+    settings = load_settings(["--config", str(config), "--context-size", "256"])
+    assert settings.listen == "0.0.0.0:7000"  # file
+    assert settings.threads == 5  # environment over file
+    assert settings.context_size == 256  # flag over environment
+    assert settings.models["mine"].context_size == 512
+    assert settings.grace_period == 10.0  # default
+
+
+def test_model_flag_is_repeatable(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("INFERENCE_CONFIG", raising=False)
+    settings = load_settings(["--model", "a=/x/a.gguf", "--model", "b=/x/b.gguf"])
+    assert {name: str(m.path) for name, m in settings.models.items()} == {
+        "a": "/x/a.gguf",
+        "b": "/x/b.gguf",
+    }
+
+
+@pytest.mark.parametrize(
+    "argv", [["--listen", "nope"], ["--threads", "0"], ["--model", "noequals"]]
+)
+def test_bad_settings_stop_start_up_with_a_message(argv: list[str]) -> None:
+    with pytest.raises(SystemExit):
+        load_settings(argv)
+
+
+def test_help_lists_every_setting_with_its_environment_variable() -> None:
+    text = " ".join(build_parser().format_help().split())
+    for flag, env in [
+        ("--listen", "INFERENCE_LISTEN"),
+        ("--config", "INFERENCE_CONFIG"),
+        ("--model", "INFERENCE_MODELS"),
+        ("--default-model", "INFERENCE_DEFAULT_MODEL"),
+        ("--threads", "INFERENCE_THREADS"),
+        ("--context-size", "INFERENCE_CONTEXT_SIZE"),
+        ("--max-decode-seconds", "INFERENCE_MAX_DECODE_SECONDS"),
+        ("--grace-period", "INFERENCE_GRACE_PERIOD"),
+    ]:
+        assert flag in text
+        assert env in text

@@ -1,0 +1,190 @@
+"""Generate end to end: a real server, the real embedded models, the generated stubs."""
+
+from __future__ import annotations
+
+import threading
+from typing import Any
+
+import grpc
+import pytest
+from llama_cpp import Llama
+
+from inference.v1 import inference_pb2 as pb
+from inference.v1 import inference_pb2_grpc as pb_grpc
+from service.models.embedded import EMBEDDED_MODELS
+from tests.conftest import GEMMA, SMOLLM, collect, finished_of, text_of
+
+FRANCE = "Q: What is the capital of France?\nA:"
+
+
+def greedy(prompt: str, **fields: object) -> pb.GenerateRequest:
+    return pb.GenerateRequest(prompt=prompt, temperature=0.0, **fields)  # type: ignore[arg-type]
+
+
+def test_stream_is_started_then_deltas_then_finished(stub: pb_grpc.InferenceStub) -> None:
+    events = collect(stub.Generate(greedy(FRANCE, model=GEMMA, max_tokens=8)))
+    kinds = [e.WhichOneof("event") for e in events]
+    assert kinds[0] == "started"
+    assert kinds[-1] == "finished"
+    assert set(kinds[1:-1]) == {"delta"}
+    started = events[0].started
+    assert (started.model, started.backend) == (GEMMA, "llama.cpp")
+    assert started.prompt_tokens > 5
+    finished = finished_of(events)
+    assert finished.usage.prompt_tokens == started.prompt_tokens
+    assert finished.usage.completion_tokens == sum(len(e.delta.token_ids) for e in events[1:-1])
+    assert finished.timing.ttft_ms > 0
+    assert finished.timing.total_ms >= finished.timing.ttft_ms
+    assert "Paris" in text_of(events)
+
+
+def test_max_tokens_ends_with_length(stub: pb_grpc.InferenceStub) -> None:
+    finished = finished_of(collect(stub.Generate(greedy(FRANCE, model=GEMMA, max_tokens=3))))
+    assert finished.finish_reason == pb.FINISH_REASON_LENGTH
+    assert finished.usage.completion_tokens == 3
+
+
+def test_greedy_decoding_is_deterministic_and_reuses_the_prompt_cache(
+    stub: pb_grpc.InferenceStub,
+) -> None:
+    request = greedy("The three primary colors are", max_tokens=24)
+    first = collect(stub.Generate(request))
+    second = collect(stub.Generate(request))
+    assert text_of(first)
+    assert text_of(first) == text_of(second)
+    assert finished_of(second).usage.cached_prompt_tokens > 0
+
+
+def test_same_seed_gives_the_same_sampled_text(stub: pb_grpc.InferenceStub) -> None:
+    request = pb.GenerateRequest(prompt="Once upon a time", temperature=1.0, seed=42, max_tokens=16)
+    texts = {text_of(collect(stub.Generate(request))) for _ in range(2)}
+    assert len(texts) == 1
+    assert finished_of(collect(stub.Generate(request))).seed == 42
+
+
+def test_stop_sequence_ends_generation_and_is_not_sent(stub: pb_grpc.InferenceStub) -> None:
+    full = text_of(collect(stub.Generate(greedy(FRANCE, model=GEMMA, max_tokens=12))))
+    assert "Paris" in full
+    events = collect(stub.Generate(greedy(FRANCE, model=GEMMA, max_tokens=12, stop=["aris"])))
+    finished = finished_of(events)
+    assert finished.finish_reason == pb.FINISH_REASON_STOP_SEQUENCE
+    assert finished.stop_sequence == "aris"
+    assert text_of(events) == full[: full.index("aris")]
+
+
+def test_chat_messages_use_the_model_template(stub: pb_grpc.InferenceStub) -> None:
+    question = "What is 2+2?"
+    request = pb.GenerateRequest(
+        model=SMOLLM,
+        messages=[pb.ChatMessage(role="user", content=question)],
+        temperature=0.0,
+        max_tokens=48,
+    )
+    events = collect(stub.Generate(request))
+    assert finished_of(events).finish_reason == pb.FINISH_REASON_END_OF_TURN
+    # The same conversation through llama-cpp-python's own chat handler.
+    raw = Llama(str(EMBEDDED_MODELS[SMOLLM].locate()), n_ctx=256, n_threads=2, verbose=False)
+    try:
+        expected: Any = raw.create_chat_completion(
+            messages=[{"role": "user", "content": question}], max_tokens=48, temperature=0.0
+        )
+    finally:
+        raw.close()
+    assert text_of(events) == expected["choices"][0]["message"]["content"]
+    assert "4" in text_of(events)
+
+
+def test_chat_on_a_model_without_template_is_failed_precondition(
+    stub: pb_grpc.InferenceStub,
+) -> None:
+    request = pb.GenerateRequest(model=GEMMA, messages=[pb.ChatMessage(role="user", content="hi")])
+    with pytest.raises(grpc.RpcError) as caught:
+        collect(stub.Generate(request))
+    assert caught.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+    assert "chat template" in (caught.value.details() or "")
+
+
+def test_cancel_mid_stream_frees_the_model(stub: pb_grpc.InferenceStub) -> None:
+    call = stub.Generate(pb.GenerateRequest(prompt="Count: 1, 2, 3,", max_tokens=400))
+    deltas = 0
+    for event in call:
+        deltas += event.WhichOneof("event") == "delta"
+        if deltas == 3:
+            call.cancel()
+            break
+    assert call.code() == grpc.StatusCode.CANCELLED
+    # Had decoding gone on, this request would wait for ~400 tokens first.
+    finished = finished_of(collect(stub.Generate(greedy("Hello", max_tokens=2))))
+    assert finished.timing.queue_ms < 1500
+
+
+def test_deadline_is_deadline_exceeded_and_the_model_stays_usable(
+    stub: pb_grpc.InferenceStub,
+) -> None:
+    with pytest.raises(grpc.RpcError) as caught:
+        collect(stub.Generate(pb.GenerateRequest(prompt="Count:", max_tokens=500), timeout=0.5))
+    assert caught.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
+    finished = finished_of(collect(stub.Generate(greedy("Hello", max_tokens=2))))
+    assert finished.usage.completion_tokens == 2
+    assert finished.timing.queue_ms < 1500
+
+
+def test_concurrent_streams_on_one_model_all_complete(stub: pb_grpc.InferenceStub) -> None:
+    results: list[str] = []
+
+    def run() -> None:
+        results.append(text_of(collect(stub.Generate(greedy("Hello, my name is", max_tokens=8)))))
+
+    threads = [threading.Thread(target=run) for _ in range(3)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert len(results) == 3
+    assert len(set(results)) == 1
+
+
+LONG_PROMPT = "word " * 2000
+
+
+@pytest.mark.parametrize(
+    ("request_fields", "code", "message"),
+    [
+        ({"model": "no-such-model", "prompt": "hi"}, grpc.StatusCode.NOT_FOUND, "no model named"),
+        ({"prompt": ""}, grpc.StatusCode.INVALID_ARGUMENT, "prompt"),
+        ({"messages": []}, grpc.StatusCode.INVALID_ARGUMENT, "messages"),
+        ({"prompt": "hi", "max_tokens": -1}, grpc.StatusCode.INVALID_ARGUMENT, "max_tokens"),
+        ({"prompt": "hi", "max_tokens": 10**9}, grpc.StatusCode.INVALID_ARGUMENT, "context window"),
+        ({"prompt": "hi", "temperature": -1}, grpc.StatusCode.INVALID_ARGUMENT, "temperature"),
+        ({"prompt": "hi", "top_p": 0}, grpc.StatusCode.INVALID_ARGUMENT, "top_p"),
+        ({"prompt": "hi", "top_p": 1.01}, grpc.StatusCode.INVALID_ARGUMENT, "top_p"),
+        ({"prompt": LONG_PROMPT}, grpc.StatusCode.INVALID_ARGUMENT, "context window"),
+    ],
+)
+def test_bad_requests_get_the_right_status_and_the_server_keeps_serving(
+    stub: pb_grpc.InferenceStub,
+    request_fields: dict[str, object],
+    code: grpc.StatusCode,
+    message: str,
+) -> None:
+    with pytest.raises(grpc.RpcError) as caught:
+        collect(stub.Generate(pb.GenerateRequest(**request_fields)))  # type: ignore[arg-type]
+    assert caught.value.code() == code
+    assert message in (caught.value.details() or "")
+    assert finished_of(collect(stub.Generate(greedy("Hi", max_tokens=1)))).usage.completion_tokens
+
+
+def test_unimplemented_rpcs_say_so(stub: pb_grpc.InferenceStub) -> None:
+    with pytest.raises(grpc.RpcError) as caught:
+        stub.Admit(pb.AdmitRequest(model=SMOLLM))
+    assert caught.value.code() == grpc.StatusCode.UNIMPLEMENTED
+
+
+def test_list_models_shows_the_embedded_models(stub: pb_grpc.InferenceStub) -> None:
+    reply = stub.ListModels(pb.ListModelsRequest())
+    by_name = {model.name: model for model in reply.models}
+    assert {GEMMA, SMOLLM} <= set(by_name)
+    assert reply.default_model == SMOLLM
+    assert by_name[SMOLLM].is_default
+    assert by_name[SMOLLM].loaded
+    assert by_name[SMOLLM].backend == "llama.cpp"

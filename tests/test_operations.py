@@ -1,0 +1,92 @@
+"""What operators and sidecars rely on: health, reflection, the decode ceiling, config."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import grpc
+import pytest
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
+
+from inference.v1 import inference_pb2 as pb
+from inference.v1 import inference_pb2_grpc as pb_grpc
+from service.config import ModelConfig
+from service.models.embedded import EMBEDDED_MODELS
+from tests.conftest import GEMMA, RunningServer, collect, finished_of, make_settings, text_of
+
+CHATML = (
+    "{% for m in messages %}<start_of_turn>{{ m.role }}\n{{ m.content }}<end_of_turn>\n"
+    "{% endfor %}{% if add_generation_prompt %}<start_of_turn>model\n{% endif %}"
+)
+
+
+@pytest.mark.parametrize("service", ["", "inference.v1.Inference"])
+def test_health_is_serving_once_the_default_model_is_loaded(
+    channel: grpc.Channel, service: str
+) -> None:
+    reply = health_pb2_grpc.HealthStub(channel).Check(
+        health_pb2.HealthCheckRequest(service=service)
+    )
+    assert reply.status == health_pb2.HealthCheckResponse.SERVING
+
+
+def test_reflection_lists_the_services_and_their_contract(channel: grpc.Channel) -> None:
+    stub = reflection_pb2_grpc.ServerReflectionStub(channel)
+    requests = iter(
+        [
+            reflection_pb2.ServerReflectionRequest(list_services=""),
+            reflection_pb2.ServerReflectionRequest(file_containing_symbol="inference.v1.Inference"),
+        ]
+    )
+    listed, described = list(stub.ServerReflectionInfo(requests))
+    names = {service.name for service in listed.list_services_response.service}
+    assert {"inference.v1.Inference", "grpc.health.v1.Health"} <= names
+    assert described.file_descriptor_response.file_descriptor_proto
+
+
+@pytest.fixture(scope="module")
+def tight_server() -> Iterator[RunningServer]:
+    """A second server: a short decode ceiling and an operator-supplied chat template."""
+    gemma_path = EMBEDDED_MODELS[GEMMA].locate()
+    settings = make_settings(
+        default_model=GEMMA,
+        max_decode_seconds=0.3,
+        models={"gemma-chat": ModelConfig(path=gemma_path, chat_template=CHATML, context_size=512)},
+    )
+    running = RunningServer(settings)
+    yield running
+    running.stop()
+
+
+@pytest.fixture(scope="module")
+def tight_stub(tight_server: RunningServer) -> Iterator[pb_grpc.InferenceStub]:
+    with grpc.insecure_channel(tight_server.target) as channel:
+        yield pb_grpc.InferenceStub(channel)
+
+
+def test_decode_ceiling_ends_with_time_limit_and_keeps_the_text(
+    tight_stub: pb_grpc.InferenceStub,
+) -> None:
+    events = collect(tight_stub.Generate(pb.GenerateRequest(prompt="Count: 1, 2,", max_tokens=500)))
+    finished = finished_of(events)
+    assert finished.finish_reason == pb.FINISH_REASON_TIME_LIMIT
+    assert 0 < finished.usage.completion_tokens < 500
+    assert text_of(events)
+
+
+def test_operator_template_enables_chat_on_a_model_without_one(
+    tight_stub: pb_grpc.InferenceStub,
+) -> None:
+    request = pb.GenerateRequest(
+        model="gemma-chat",
+        messages=[pb.ChatMessage(role="user", content="Hello")],
+        max_tokens=4,
+        temperature=0,
+    )
+    events = collect(tight_stub.Generate(request))
+    assert events[0].started.model == "gemma-chat"
+    assert events[0].started.context_length == 512
+    # The template text was parsed into Gemma's special tokens, not spelled out.
+    assert events[0].started.prompt_tokens < 15
+    assert finished_of(events).usage.completion_tokens >= 1
