@@ -37,3 +37,6 @@ protos:
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache
+
+bench:
+	$(BIN)/python -m bench.generate

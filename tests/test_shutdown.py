@@ -22,6 +22,8 @@ from inference.v1 import inference_pb2_grpc as pb_grpc
 def _read_address(process: subprocess.Popen[str]) -> str:
     assert process.stderr is not None
     for line in process.stderr:
+        if not line.startswith("{"):  # llama.cpp writes some lines of its own
+            continue
         record = json.loads(line)
         if record.get("event") == "serving":
             return str(record["address"])

@@ -1,0 +1,1 @@
+"""Benchmarks: the service side by side with the raw library, in one run."""
