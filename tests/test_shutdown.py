@@ -10,6 +10,7 @@ import sys
 import threading
 import time
 from collections.abc import Iterator
+from dataclasses import dataclass, field
 
 import grpc
 import pytest
@@ -19,35 +20,45 @@ from inference.v1 import inference_pb2 as pb
 from inference.v1 import inference_pb2_grpc as pb_grpc
 
 
-def _read_address(process: subprocess.Popen[str]) -> str:
-    assert process.stderr is not None
-    for line in process.stderr:
-        if not line.startswith("{"):  # llama.cpp writes some lines of its own
-            continue
-        record = json.loads(line)
-        if record.get("event") == "serving":
-            return str(record["address"])
-    raise AssertionError("the server exited before it was serving")
+@dataclass
+class ServerProcess:
+    process: subprocess.Popen[str]
+    log: list[str] = field(default_factory=list)
+    address: str = ""
+
+    def read_log(self) -> None:
+        """Collect stderr; note the address once the server says it is serving."""
+        assert self.process.stderr is not None
+        for line in self.process.stderr:
+            self.log.append(line)
+            if '"serving"' in line:
+                self.address = json.loads(line)["address"]
+
+    def wait_for_address(self) -> str:
+        deadline = time.monotonic() + 30
+        while not self.address and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert self.address, f"the server never said it was serving: {self.log}"
+        return self.address
 
 
 @pytest.fixture
-def server_process() -> Iterator[tuple[subprocess.Popen[str], str]]:
+def server() -> Iterator[ServerProcess]:
+    command = [sys.executable, "-m", "service.server", "--listen", "127.0.0.1:0"]
+    # Gemma, because llama.cpp prints warnings of its own while loading it.
+    command += ["--grace-period", "20", "--default-model", "gemma3-270m"]
     env = {**os.environ, "INFERENCE_LOG_FORMAT": "json"}
-    process = subprocess.Popen(
-        [sys.executable, "-m", "service.server", "--listen", "127.0.0.1:0", "--grace-period", "20"],
-        stderr=subprocess.PIPE,
-        text=True,
-        env=env,
-    )
+    process = subprocess.Popen(command, stderr=subprocess.PIPE, text=True, env=env)
+    server = ServerProcess(process)
+    reader = threading.Thread(target=server.read_log, daemon=True)
+    reader.start()
     try:
-        address = _read_address(process)
-        # Keep reading the log so that the server never blocks on a full pipe.
-        threading.Thread(target=process.stderr.read, daemon=True).start()  # type: ignore[union-attr]
-        yield process, address
+        yield server
     finally:
         if process.poll() is None:
             process.kill()
         process.wait(timeout=10)
+        reader.join(timeout=10)
         process.stderr.close()  # type: ignore[union-attr]
 
 
@@ -62,11 +73,9 @@ def _wait_until_serving(channel: grpc.Channel) -> None:
     raise AssertionError("the server never reported SERVING")
 
 
-def test_sigterm_lets_the_stream_in_flight_finish_then_exits_zero(
-    server_process: tuple[subprocess.Popen[str], str],
-) -> None:
-    process, address = server_process
-    with grpc.insecure_channel(address) as channel:
+def test_sigterm_lets_the_stream_in_flight_finish_then_exits_zero(server: ServerProcess) -> None:
+    process = server.process
+    with grpc.insecure_channel(server.wait_for_address()) as channel:
         _wait_until_serving(channel)
         stub = pb_grpc.InferenceStub(channel)
         stream = stub.Generate(pb.GenerateRequest(prompt="Count: 1, 2,", max_tokens=40))
@@ -78,11 +87,9 @@ def test_sigterm_lets_the_stream_in_flight_finish_then_exits_zero(
     assert process.wait(timeout=30) == 0
 
 
-def test_new_requests_are_refused_while_draining(
-    server_process: tuple[subprocess.Popen[str], str],
-) -> None:
-    process, address = server_process
-    with grpc.insecure_channel(address) as channel:
+def test_new_requests_are_refused_while_draining(server: ServerProcess) -> None:
+    process = server.process
+    with grpc.insecure_channel(server.wait_for_address()) as channel:
         _wait_until_serving(channel)
         stub = pb_grpc.InferenceStub(channel)
         stream = stub.Generate(pb.GenerateRequest(prompt="Count: 1, 2,", max_tokens=60))
@@ -94,3 +101,26 @@ def test_new_requests_are_refused_while_draining(
         assert caught.value.code() == grpc.StatusCode.UNAVAILABLE
         assert list(stream)[-1].WhichOneof("event") == "finished"
     assert process.wait(timeout=30) == 0
+
+
+def test_log_is_json_lines_with_one_summary_per_rpc(server: ServerProcess) -> None:
+    with grpc.insecure_channel(server.wait_for_address()) as channel:
+        _wait_until_serving(channel)
+        stub = pb_grpc.InferenceStub(channel)
+        list(stub.Generate(pb.GenerateRequest(prompt="Hello", max_tokens=3)))
+        with pytest.raises(grpc.RpcError):
+            list(stub.Generate(pb.GenerateRequest(prompt="Hello", top_p=2.0)))
+    server.process.send_signal(signal.SIGTERM)
+    assert server.process.wait(timeout=30) == 0
+    records = [json.loads(line) for line in server.log]  # every line must be JSON
+    summaries = [r for r in records if r.get("event") == "rpc"]
+    assert [(r["rpc"], r["code"]) for r in summaries] == [
+        ("Generate", "OK"),
+        ("Generate", "INVALID_ARGUMENT"),
+    ]
+    ok = summaries[0]
+    assert ok["model"] == "gemma3-270m"
+    assert ok["backend"] == "llama.cpp"
+    assert ok["completion_tokens"] == 3
+    assert ok["finish_reason"] == "length"
+    assert ok["ttft_ms"] > 0

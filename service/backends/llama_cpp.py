@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 import llama_cpp
+import structlog
 
 from service.backends.base import TokenStream
 from service.errors import BackendFailure
@@ -26,6 +27,26 @@ _SAMPLING_KEYS = {
     "general.sampling.min_p": ("min_p", float),
     "general.sampling.penalty_repeat": ("repeat_penalty", float),
 }
+
+
+# ggml's log levels. llama-cpp-python's own log callback predates the current
+# numbering and prints warnings even when verbose=False, which breaks JSON logs.
+_GGML_LOG_WARN, _GGML_LOG_ERROR = 3, 4
+_native_log = structlog.get_logger("llama.cpp")
+
+
+@llama_cpp.llama_log_callback  # type: ignore[untyped-decorator]
+def _forward_native_log(level: int, text: bytes, user_data: ctypes.c_void_p) -> None:
+    """Send llama.cpp's warnings and errors to our log; drop its chatter."""
+    if level not in (_GGML_LOG_WARN, _GGML_LOG_ERROR):
+        return
+    message = text.decode("utf-8", errors="replace").strip()
+    if message:
+        emit = _native_log.error if level == _GGML_LOG_ERROR else _native_log.warning
+        emit("llama.cpp says", message=message)
+
+
+llama_cpp.llama_log_set(_forward_native_log, ctypes.c_void_p(0))
 
 
 @dataclass(frozen=True)
