@@ -13,10 +13,20 @@ import os
 import tomllib
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, Field, ValidationError, field_validator
-from pydantic_settings import BaseSettings, EnvSettingsSource, SettingsConfigDict
+import yaml
+from huggingface_hub import constants as hf_constants
+from pydantic import (
+    AliasChoices,
+    BaseModel,
+    ByteSize,
+    Field,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
+from pydantic_settings import BaseSettings, EnvSettingsSource, NoDecode, SettingsConfigDict
 
 ENV_PREFIX = "INFERENCE_"
 
@@ -32,7 +42,11 @@ def available_cores() -> int:
 class ModelConfig(BaseModel):
     """One operator-configured model."""
 
-    path: Path = Field(description="The model file (a .gguf).")
+    source: str = Field(
+        validation_alias=AliasChoices("source", "path"),
+        description="A .gguf file, a checkpoint directory, or a Hugging Face repo "
+        "(owner/name[@revision][:file.gguf]); relative paths are looked up in the models dirs.",
+    )
     context_size: int | None = Field(
         default=None, gt=0, description="Context window in tokens; default: the server's."
     )
@@ -58,7 +72,44 @@ class Settings(BaseSettings):
     )
     models: dict[str, ModelConfig] = Field(
         default_factory=dict,
-        description="Extra models by name, besides the embedded ones (NAME=PATH).",
+        description="Extra models by name, besides the embedded ones (NAME=SOURCE).",
+    )
+    models_file: Path | None = Field(
+        default=None,
+        description="A TOML or YAML file mapping model names to a source and options.",
+    )
+    models_dir: Annotated[list[Path], NoDecode] = Field(
+        default_factory=list,
+        description="Directories requests may name models in (relative paths resolve "
+        f"there; nothing outside them is opened). Env: {os.pathsep!r}-separated.",
+    )
+    hf_cache_dir: Path = Field(
+        default_factory=lambda: Path(hf_constants.HF_HUB_CACHE),
+        description="The Hugging Face hub cache (the one transformers uses).",
+    )
+    hf_offline: bool = Field(
+        default_factory=lambda: bool(hf_constants.HF_HUB_OFFLINE),
+        description="Never contact the Hugging Face hub; use only what is in its cache.",
+    )
+    memory_budget: ByteSize | None = Field(
+        default=None,
+        description="Bytes loaded models may use in all, e.g. 8GiB; default: 80% of the "
+        "memory available at start.",
+    )
+    max_loaded_models: int | None = Field(
+        default=None, gt=0, description="At most this many models loaded at once."
+    )
+    keep_alive: float = Field(
+        default=600.0,
+        ge=0,
+        description="Seconds an idle model stays loaded (0: until evicted); the default "
+        "model stays loaded.",
+    )
+    load_wait: float = Field(
+        default=30.0,
+        ge=0,
+        description="Seconds a load may wait for busy models to free memory before "
+        "RESOURCE_EXHAUSTED.",
     )
     threads: int = Field(
         default_factory=available_cores,
@@ -94,6 +145,21 @@ class Settings(BaseSettings):
         default="info", description="The least severe log level written."
     )
 
+    @field_validator("models_dir", mode="before")
+    @classmethod
+    def _split_models_dir(cls, value: Any) -> Any:
+        if isinstance(value, str):
+            return [part for part in value.split(os.pathsep) if part]
+        return value
+
+    @model_validator(mode="after")
+    def _merge_models_file(self) -> Settings:
+        """Models from --models-file; names also given in `models` keep those settings."""
+        if self.models_file is not None:
+            from_file = read_models_file(self.models_file)
+            self.models = {**from_file, **self.models}
+        return self
+
     @field_validator("listen")
     @classmethod
     def _check_listen(cls, value: str) -> str:
@@ -103,15 +169,31 @@ class Settings(BaseSettings):
         return value
 
 
+def read_models_file(path: Path) -> dict[str, ModelConfig]:
+    """A models file: TOML or YAML (by extension), names at the top or under `models`."""
+    try:
+        text = path.read_text()
+    except OSError as exc:
+        raise ValueError(f"cannot read models file {path}: {exc.strerror}") from exc
+    if path.suffix.lower() in (".yaml", ".yml"):
+        data = yaml.safe_load(text) or {}
+    else:
+        data = tomllib.loads(text)
+    if not isinstance(data, dict):
+        raise ValueError(f"models file {path} must map model names to settings")
+    entries = data.get("models", data)
+    return {str(name): ModelConfig.model_validate(entry) for name, entry in entries.items()}
+
+
 def _flag(name: str) -> str:
     return "--" + name.replace("_", "-")
 
 
 def _parse_model_flag(text: str) -> tuple[str, str]:
-    name, sep, path = text.partition("=")
-    if not sep or not name or not path:
-        raise argparse.ArgumentTypeError(f"expected NAME=PATH, got {text!r}")
-    return name, path
+    name, sep, source = text.partition("=")
+    if not sep or not name or not source:
+        raise argparse.ArgumentTypeError(f"expected NAME=SOURCE, got {text!r}")
+    return name, source
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -127,14 +209,24 @@ def build_parser() -> argparse.ArgumentParser:
     )
     for name, field in Settings.model_fields.items():
         env = f"{ENV_PREFIX}{name.upper()}"
-        help_text = f"{(field.description or '').rstrip('.')} (env {env})"
+        description = (field.description or "").rstrip(".").replace("%", "%%")
+        help_text = f"{description} (env {env})"
         if name == "models":
             parser.add_argument(
                 "--model",
                 dest="models",
                 action="append",
                 type=_parse_model_flag,
-                metavar="NAME=PATH",
+                metavar="NAME=SOURCE",
+                help=f"{help_text}; repeatable.",
+            )
+            continue
+        if name == "models_dir":
+            parser.add_argument(
+                "--models-dir",
+                dest=name,
+                action="append",
+                metavar="DIR",
                 help=f"{help_text}; repeatable.",
             )
             continue
@@ -164,7 +256,7 @@ def load_settings(argv: Sequence[str] | None = None) -> Settings:
     flags = vars(build_parser().parse_args(argv))
     config_path = flags.pop("config", None) or os.environ.get(f"{ENV_PREFIX}CONFIG")
     if "models" in flags:
-        flags["models"] = {name: {"path": path} for name, path in flags["models"]}
+        flags["models"] = {name: {"source": source} for name, source in flags["models"]}
     values: dict[str, Any] = _read_config_file(Path(config_path)) if config_path else {}
     values.update(EnvSettingsSource(Settings)())
     values.update(flags)

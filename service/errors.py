@@ -6,6 +6,7 @@
     ├── NotSupported          FAILED_PRECONDITION  the model cannot do what was asked
     ├── AccessDenied          PERMISSION_DENIED    a path outside the allowed roots
     ├── Overloaded            RESOURCE_EXHAUSTED   no room to serve it now
+    ├── Unavailable           UNAVAILABLE          try again: the model is being reloaded
     ├── NotImplementedYet     UNIMPLEMENTED        an RPC this build does not serve
     └── BackendFailure        INTERNAL             the model library failed
 
@@ -48,6 +49,10 @@ class AccessDenied(ServiceError):
 
 class Overloaded(ServiceError):
     code = grpc.StatusCode.RESOURCE_EXHAUSTED
+
+
+class Unavailable(ServiceError):
+    code = grpc.StatusCode.UNAVAILABLE
 
 
 class NotImplementedYet(ServiceError):

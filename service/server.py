@@ -19,11 +19,14 @@ from grpc_reflection.v1alpha import reflection
 
 from inference.v1 import inference_pb2 as pb
 from inference.v1 import inference_pb2_grpc as pb_grpc
+from service.admission import Capability, Decision, decide
 from service.backends import load_text_backend
 from service.config import Settings, load_settings
 from service.log import configure_logging
 from service.models.catalog import Catalog
-from service.models.pool import ModelPool
+from service.models.memory import default_budget_bytes
+from service.models.pool import ModelPool, PoolLimits
+from service.models.sources import ModelSource, SourceResolver
 from service.servicer import InferenceServicer
 from service.text_generation import TextGenerator
 
@@ -33,12 +36,27 @@ INFERENCE_SERVICE = pb.DESCRIPTOR.services_by_name["Inference"].full_name
 SERVICE_NAMES = (INFERENCE_SERVICE, health.SERVICE_NAME, reflection.SERVICE_NAME)
 
 
+def build_pool(settings: Settings) -> ModelPool:
+    resolver = SourceResolver(settings.models_dir, settings.hf_cache_dir)
+    limits = PoolLimits(
+        budget_bytes=settings.memory_budget or default_budget_bytes(),
+        max_models=settings.max_loaded_models,
+        keep_alive=settings.keep_alive,
+        load_wait=settings.load_wait,
+    )
+
+    def admit(source: ModelSource, capability: Capability) -> Decision:
+        return decide(source, capability, offline=settings.hf_offline)
+
+    return ModelPool(Catalog(settings, resolver), admit, load_text_backend, limits)
+
+
 class InferenceServer:
     """One server instance; tests run it in-process on port 0."""
 
     def __init__(self, settings: Settings) -> None:
         self.settings = settings
-        self.pool = ModelPool(Catalog(settings), load_text_backend)
+        self.pool = build_pool(settings)
         # grpc-stubs predates health.aio, hence the ignore.
         self.health = health.aio.HealthServicer()  # type: ignore[attr-defined]
         self._server = grpc.aio.server()
@@ -56,6 +74,7 @@ class InferenceServer:
             raise SystemExit(f"cannot listen on {self.settings.listen}")
         await self._set_health(health_pb2.HealthCheckResponse.NOT_SERVING)
         await self._server.start()
+        self.pool.start_housekeeping()
         self._warm_task = asyncio.create_task(self._warm_default_model())
         return port
 

@@ -61,11 +61,14 @@ def make_settings(**overrides: Any) -> Settings:
     return Settings(**values)
 
 
+@pytest.fixture(scope="session", autouse=True)
+def _logging() -> None:
+    configure_logging(make_settings())  # as main() does: log lines to stderr, never stdout
+
+
 @pytest.fixture(scope="session")
 def server() -> Iterator[RunningServer]:
-    settings = make_settings()
-    configure_logging(settings)  # as main() does: log lines to stderr, never stdout
-    running = RunningServer(settings)
+    running = RunningServer(make_settings())
     yield running
     running.stop()
 

@@ -30,7 +30,7 @@ def test_flags_override_environment_which_overrides_the_file(
 def test_model_flag_is_repeatable(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("INFERENCE_CONFIG", raising=False)
     settings = load_settings(["--model", "a=/x/a.gguf", "--model", "b=/x/b.gguf"])
-    assert {name: str(m.path) for name, m in settings.models.items()} == {
+    assert {name: m.source for name, m in settings.models.items()} == {
         "a": "/x/a.gguf",
         "b": "/x/b.gguf",
     }

@@ -175,8 +175,9 @@ def test_bad_requests_get_the_right_status_and_the_server_keeps_serving(
 
 
 def test_unimplemented_rpcs_say_so(stub: pb_grpc.InferenceStub) -> None:
+    request = pb.GenerateImageRequest(model="tiny-sd", prompt="a cat")
     with pytest.raises(grpc.RpcError) as caught:
-        stub.Admit(pb.AdmitRequest(model=SMOLLM))
+        list(stub.GenerateImage(request))
     assert caught.value.code() == grpc.StatusCode.UNIMPLEMENTED
 
 

@@ -52,7 +52,11 @@ def tight_server() -> Iterator[RunningServer]:
     settings = make_settings(
         default_model=GEMMA,
         max_decode_seconds=0.3,
-        models={"gemma-chat": ModelConfig(path=gemma_path, chat_template=CHATML, context_size=512)},
+        models={
+            "gemma-chat": ModelConfig(
+                source=str(gemma_path), chat_template=CHATML, context_size=512
+            )
+        },
     )
     running = RunningServer(settings)
     yield running

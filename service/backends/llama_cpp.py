@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import ctypes
 import threading
-from collections.abc import Generator, Sequence
+from collections.abc import Generator, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -35,15 +36,32 @@ _GGML_LOG_WARN, _GGML_LOG_ERROR = 3, 4
 _native_log = structlog.get_logger("llama.cpp")
 
 
+_captured = threading.local()
+
+
 @llama_cpp.llama_log_callback  # type: ignore[untyped-decorator]
 def _forward_native_log(level: int, text: bytes, user_data: ctypes.c_void_p) -> None:
     """Send llama.cpp's warnings and errors to our log; drop its chatter."""
     if level not in (_GGML_LOG_WARN, _GGML_LOG_ERROR):
         return
     message = text.decode("utf-8", errors="replace").strip()
-    if message:
+    capture: list[str] | None = getattr(_captured, "lines", None)
+    if capture is not None:
+        capture.append(message)
+    elif message:
         emit = _native_log.error if level == _GGML_LOG_ERROR else _native_log.warning
         emit("llama.cpp says", message=message)
+
+
+@contextmanager
+def captured_native_log() -> Iterator[list[str]]:
+    """Collect what llama.cpp logs on this thread instead of logging it."""
+    lines: list[str] = []
+    _captured.lines = lines
+    try:
+        yield lines
+    finally:
+        _captured.lines = None
 
 
 llama_cpp.llama_log_set(_forward_native_log, ctypes.c_void_p(0))
@@ -84,6 +102,7 @@ class LlamaCppBackend:
         self._metadata: dict[str, str] = dict(self._llama.metadata)
         self._piece_buffer = ctypes.create_string_buffer(256)
         self._closed = threading.Event()
+        self._fault_after: int | None = None
 
     @property
     def name(self) -> str:
@@ -142,9 +161,16 @@ class LlamaCppBackend:
             self._closed.set()
             self._llama.close()
 
+    def inject_fault(self, after_tokens: int) -> None:
+        """Test hook: fail the next generation after `after_tokens` tokens, as a crashed
+        forward pass would. It exercises the real recovery path (the pool discards
+        the model and loads it afresh) without a fake backend."""
+        self._fault_after = after_tokens
+
     def _sample(self, new_ids: list[int], sampling: SamplingParams) -> Generator[int, None, None]:
         self._llama.set_seed(sampling.seed)
-        yield from self._llama.generate(
+        fault_after, self._fault_after = self._fault_after, None
+        tokens = self._llama.generate(
             new_ids,
             reset=False,  # _reuse_cached_prefix already positioned the cache
             temp=sampling.temperature,
@@ -153,6 +179,10 @@ class LlamaCppBackend:
             min_p=sampling.min_p,
             repeat_penalty=sampling.repeat_penalty,
         )
+        for count, token in enumerate(tokens):
+            if count == fault_after:
+                raise RuntimeError("injected fault: llama.cpp forward pass failed")
+            yield token
 
     def _reuse_cached_prefix(self, prompt_ids: Sequence[int]) -> int:
         """Keep the longest cached prefix of the prompt; return its length.

