@@ -58,3 +58,37 @@ def test_help_lists_every_setting_with_its_environment_variable() -> None:
     ]:
         assert flag in text
         assert env in text
+
+
+@pytest.mark.parametrize(
+    ("name", "text"),
+    [
+        (
+            "models.yaml",
+            "models:\n  big:\n    source: owner/repo:Q4_K_M\n    context_size: 8192\n"
+            "  small:\n    path: small.gguf\n    threads: 1\n",
+        ),
+        (
+            "models.toml",
+            '[models.big]\nsource = "owner/repo:Q4_K_M"\ncontext_size = 8192\n'
+            '[models.small]\npath = "small.gguf"\nthreads = 1\n',
+        ),
+    ],
+)
+def test_models_file_in_yaml_or_toml(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, name: str, text: str
+) -> None:
+    monkeypatch.delenv("INFERENCE_CONFIG", raising=False)
+    models_file = tmp_path / name
+    models_file.write_text(text)
+    settings = load_settings(["--models-file", str(models_file), "--model", "small=elsewhere.gguf"])
+    assert settings.models["big"].source == "owner/repo:Q4_K_M"
+    assert settings.models["big"].context_size == 8192
+    # A name given on the command line wins over the models file.
+    assert settings.models["small"].source == "elsewhere.gguf"
+
+
+def test_models_dir_env_is_path_separated(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("INFERENCE_MODELS_DIR", "/srv/a:/srv/b")
+    assert [str(p) for p in load_settings([]).models_dir] == ["/srv/a", "/srv/b"]
+    assert [str(p) for p in load_settings(["--models-dir", "/x"]).models_dir] == ["/x"]
