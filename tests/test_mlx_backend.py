@@ -1,0 +1,386 @@
+"""The mlx-lm backend on a tiny real checkpoint, driven through the shared decode loop."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import threading
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import mlx.core as mx
+import pytest
+from mlx_lm.generate import generate_step
+from mlx_lm.sample_utils import make_logits_processors, make_sampler
+from mlx_lm.utils import load
+
+from service.backends.mlx_lm import BACKEND_NAME, MlxLmBackend, MlxLmOptions
+from service.chat_template import render_chat
+from service.decode.loop import DecodePlan, decode
+from service.errors import BackendFailure
+from service.generation import (
+    ChatMessage,
+    Delta,
+    Finished,
+    FinishReason,
+    SamplingDefaults,
+    SamplingParams,
+)
+from tests.mlx_checkpoint import (
+    BEGIN_OF_TEXT,
+    IM_END,
+    IM_START,
+    MAX_POSITION_EMBEDDINGS,
+    build_tiny_checkpoint,
+)
+
+GENERATION_CONFIG = {"temperature": 0.6, "top_p": 0.9, "top_k": 20, "repetition_penalty": 1.1}
+FOX = "The quick brown fox"
+PARIS = "What is the capital of France?"
+
+
+@pytest.fixture(scope="module")
+def checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    directory = tmp_path_factory.mktemp("mlx") / "tiny"
+    return build_tiny_checkpoint(directory, generation_config=GENERATION_CONFIG)
+
+
+@pytest.fixture(scope="module")
+def backend(checkpoint: Path) -> Iterator[MlxLmBackend]:
+    backend = MlxLmBackend(checkpoint, MlxLmOptions(context_size=4096))
+    yield backend
+    backend.close()
+
+
+@pytest.fixture(scope="module")
+def reference(checkpoint: Path) -> Any:
+    """The same checkpoint loaded by mlx-lm alone: the model's own answers."""
+    return load(str(checkpoint))[0]
+
+
+def params(temperature: float = 0.0, seed: int = 0, repeat_penalty: float = 1.0) -> SamplingParams:
+    return SamplingParams(
+        temperature=temperature,
+        top_p=1.0,
+        top_k=0,
+        min_p=0.0,
+        repeat_penalty=repeat_penalty,
+        seed=seed,
+    )
+
+
+@dataclass(frozen=True)
+class Run:
+    token_ids: list[int]
+    text: str
+    finished: Finished
+
+    @property
+    def cached(self) -> int:
+        return self.finished.usage.cached_prompt_tokens
+
+
+def run(
+    backend: MlxLmBackend,
+    prompt_ids: list[int],
+    max_tokens: int = 12,
+    sampling: SamplingParams | None = None,
+    cancelled: threading.Event | None = None,
+) -> Run:
+    plan = DecodePlan(
+        prompt_ids=tuple(prompt_ids),
+        max_tokens=max_tokens,
+        stop=(),
+        sampling=sampling or params(),
+        time_limit_s=None,
+    )
+    events = list(decode(backend, plan, cancelled or threading.Event(), time.monotonic()))
+    deltas = [event for event in events if isinstance(event, Delta)]
+    finished = events[-1]
+    assert isinstance(finished, Finished)
+    ids = [token for delta in deltas for token in delta.token_ids]
+    return Run(ids, "".join(delta.text for delta in deltas), finished)
+
+
+def mlx_lm_greedy(
+    model: Any, prompt_ids: list[int], count: int, repetition_penalty: float | None = None
+) -> list[int]:
+    """What mlx-lm itself generates greedily after the prompt, from an empty cache."""
+    processors = make_logits_processors(repetition_penalty=repetition_penalty)
+    steps = generate_step(
+        mx.array(prompt_ids),
+        model,
+        max_tokens=count,
+        sampler=make_sampler(temp=0.0),
+        logits_processors=processors or None,
+    )
+    return [int(token) for token, _ in steps]
+
+
+def until_end(backend: MlxLmBackend, tokens: list[int]) -> list[int]:
+    """The tokens the decode loop reports: those before the first end-of-generation."""
+    for index, token in enumerate(tokens):
+        if backend.is_end_of_generation(token):
+            return tokens[:index]
+    return tokens
+
+
+def test_greedy_decoding_repeats_and_reuses_the_prompt_cache(backend: MlxLmBackend) -> None:
+    prompt = backend.tokenize(FOX, add_bos=False)
+    first = run(backend, prompt)
+    second = run(backend, prompt)
+    assert first.token_ids
+    assert second.token_ids == first.token_ids
+    assert second.text == first.text
+    # Everything but the last prompt token, which is evaluated again for fresh logits.
+    assert second.cached == len(prompt) - 1
+
+
+@pytest.mark.parametrize("text", [FOX, PARIS, "naïve café ☃"], ids=["fox", "paris", "accents"])
+def test_greedy_tokens_are_what_mlx_lm_generates(
+    backend: MlxLmBackend, reference: Any, text: str
+) -> None:
+    prompt = backend.tokenize(text, add_bos=False)
+    expected = until_end(backend, mlx_lm_greedy(reference, prompt, 16))
+    assert expected
+    result = run(backend, prompt, max_tokens=16)
+    assert result.token_ids == expected
+    assert result.finished.usage.completion_tokens == len(expected)
+
+
+def test_same_seed_gives_the_same_sampled_text(backend: MlxLmBackend) -> None:
+    prompt = backend.tokenize(FOX, add_bos=False)
+    texts = [run(backend, prompt, 16, params(1.0, seed=42)).text for _ in range(2)]
+    other_seed = run(backend, prompt, 16, params(1.0, seed=43)).text
+    assert texts[0]
+    assert texts[0] == texts[1]
+    assert other_seed != texts[0]  # it does sample, rather than decode greedily
+
+
+def test_max_tokens_ends_with_length(backend: MlxLmBackend) -> None:
+    result = run(backend, backend.tokenize(PARIS, add_bos=False), max_tokens=5)
+    assert result.finished.finish_reason is FinishReason.LENGTH
+    assert result.finished.usage.completion_tokens == 5
+    assert len(result.token_ids) == 5
+
+
+def test_the_cache_holds_what_was_generated_when_the_loop_stops_early(
+    backend: MlxLmBackend, reference: Any
+) -> None:
+    prompt = backend.tokenize(PARIS, add_bos=False)
+    generated = run(backend, prompt, max_tokens=4).token_ids
+    follow_up = prompt + generated + backend.tokenize(" The capital", add_bos=False)
+    result = run(backend, follow_up)
+    assert result.cached == len(prompt) + 4
+    assert result.token_ids == until_end(backend, mlx_lm_greedy(reference, follow_up, 12))
+
+
+def test_a_diverging_prompt_reuses_only_the_shared_prefix(
+    backend: MlxLmBackend, reference: Any
+) -> None:
+    shared = backend.tokenize("Once upon a time", add_bos=False)
+    first = shared + backend.tokenize(" a model was", add_bos=False)
+    other = shared + backend.tokenize(" tests ran", add_bos=False)
+    assert first[len(shared)] != other[len(shared)]
+    run(backend, first)
+    result = run(backend, other)
+    assert result.cached == len(shared)
+    assert result.token_ids == until_end(backend, mlx_lm_greedy(reference, other, 12))
+
+
+def test_a_cancelled_request_leaves_the_cache_consistent(
+    backend: MlxLmBackend, reference: Any
+) -> None:
+    prompt = backend.tokenize(FOX, add_bos=False)
+    cancelled = threading.Event()
+    cancelled.set()
+    plan = DecodePlan(tuple(prompt), 12, (), params(), None)
+    assert list(decode(backend, plan, cancelled, time.monotonic())) == []
+    result = run(backend, prompt)
+    assert result.cached == len(prompt) - 1
+    assert result.token_ids == until_end(backend, mlx_lm_greedy(reference, prompt, 12))
+
+
+def test_a_new_request_finishes_an_abandoned_stream_first(
+    backend: MlxLmBackend, reference: Any
+) -> None:
+    prompt = backend.tokenize(PARIS, add_bos=False)
+    abandoned = backend.generate(prompt, params()).tokens
+    next(abandoned), next(abandoned)
+    run(backend, backend.tokenize(FOX, add_bos=False))
+    abandoned.close()  # late, as a garbage-collected generator would be
+    result = run(backend, prompt)
+    assert result.token_ids == until_end(backend, mlx_lm_greedy(reference, prompt, 12))
+
+
+def test_repetition_penalty_counts_the_cached_prefix(backend: MlxLmBackend, reference: Any) -> None:
+    # Repeats the penalty window does not see when it ignores the cached prefix.
+    prompt = backend.tokenize("red, yellow and blue. red, yellow and", add_bos=False)
+    run(backend, prompt)
+    penalized = run(backend, prompt, sampling=params(repeat_penalty=1.5))
+    expected = until_end(backend, mlx_lm_greedy(reference, prompt, 12, repetition_penalty=1.5))
+    assert penalized.cached == len(prompt) - 1
+    assert penalized.token_ids == expected
+    assert expected != until_end(backend, mlx_lm_greedy(reference, prompt, 12))
+
+
+def test_token_bytes_join_into_the_text(backend: MlxLmBackend) -> None:
+    text = "naïve café ☃, 日本\n\ttabs ~{}`|"
+    pieces = [backend.token_bytes(token) for token in backend.tokenize(text, add_bos=False)]
+    assert b"".join(pieces) == text.encode("utf-8")
+    # Some characters are split over tokens, which the decode loop must join.
+    assert any(not _is_utf8(piece) for piece in pieces)
+
+
+def _is_utf8(piece: bytes) -> bool:
+    try:
+        piece.decode("utf-8")
+    except UnicodeDecodeError:
+        return False
+    return True
+
+
+def test_a_rendered_chat_template_gives_special_token_ids(backend: MlxLmBackend) -> None:
+    messages = (ChatMessage("user", "What is 2+2?"),)
+    text = render_chat(backend.chat_template, messages, backend.template_tokens, "tiny")
+    assert text.startswith(IM_START)
+    ids = backend.tokenize(text, add_bos=False)
+    (im_start,) = backend.tokenize(IM_START, add_bos=False)
+    (im_end,) = backend.tokenize(IM_END, add_bos=False)
+    assert ids[0] == im_start
+    assert ids.count(im_start) == 2  # the user's turn and the assistant's
+    assert ids.count(im_end) == 1
+    assert backend.token_bytes(im_start) == b""  # a special token is not text
+
+
+def test_the_eos_token_ends_the_turn(backend: MlxLmBackend) -> None:
+    (im_end,) = backend.tokenize(IM_END, add_bos=False)
+    (im_start,) = backend.tokenize(IM_START, add_bos=False)
+    assert backend.is_end_of_generation(im_end)
+    assert not backend.is_end_of_generation(im_start)
+    assert not backend.is_end_of_generation(backend.tokenize("fox", add_bos=False)[0])
+    assert backend.template_tokens == {"bos_token": "", "eos_token": IM_END}
+
+
+def test_an_eos_token_the_model_produces_ends_generation_with_end_of_turn(
+    backend: MlxLmBackend, checkpoint: Path, reference: Any, tmp_path: Path
+) -> None:
+    # Random weights rarely choose <|im_end|>; so the copy also declares the
+    # token they choose third an eos token, as some models list several.
+    prompt = backend.tokenize(FOX, add_bos=False)
+    greedy = mlx_lm_greedy(reference, prompt, 3)
+    assert greedy[2] not in greedy[:2]
+    (im_end,) = backend.tokenize(IM_END, add_bos=False)
+    copy = _copy_checkpoint(checkpoint, tmp_path)
+    _edit_config(copy, eos_token_id=[im_end, greedy[2]])
+    stopping = MlxLmBackend(copy, MlxLmOptions(context_size=4096))
+    try:
+        result = run(stopping, prompt)
+    finally:
+        stopping.close()
+    assert result.finished.finish_reason is FinishReason.END_OF_TURN
+    assert result.token_ids == greedy[:2]
+    assert result.finished.usage.completion_tokens == 2
+
+
+def test_context_length_is_capped_by_the_trained_window(checkpoint: Path) -> None:
+    for requested, expected in [(4096, MAX_POSITION_EMBEDDINGS), (128, 128)]:
+        backend = MlxLmBackend(checkpoint, MlxLmOptions(context_size=requested))
+        assert backend.context_length == expected
+        backend.close()
+
+
+def test_sampling_defaults_come_from_generation_config(backend: MlxLmBackend) -> None:
+    assert backend.name == BACKEND_NAME
+    assert backend.sampling_defaults() == SamplingDefaults(
+        temperature=0.6, top_p=0.9, top_k=20, repeat_penalty=1.1
+    )
+
+
+def test_an_unreadable_generation_config_leaves_the_defaults(
+    checkpoint: Path, tmp_path: Path
+) -> None:
+    copy = _copy_checkpoint(checkpoint, tmp_path)
+    (copy / "generation_config.json").write_text("{nope")
+    backend = MlxLmBackend(copy, MlxLmOptions(context_size=4096))
+    assert backend.sampling_defaults() == SamplingDefaults()
+    backend.close()
+
+
+def test_a_qwen_like_tokenizer_adds_no_bos(backend: MlxLmBackend) -> None:
+    assert not backend.adds_bos
+    assert backend.tokenize(FOX, add_bos=True) == backend.tokenize(FOX, add_bos=False)
+
+
+def test_a_llama3_like_checkpoint_adds_its_bos_only_when_asked(tmp_path: Path) -> None:
+    directory = build_tiny_checkpoint(tmp_path / "llama3", with_bos=True)
+    backend = MlxLmBackend(directory, MlxLmOptions(context_size=4096))
+    try:
+        (bos,) = backend.tokenize(BEGIN_OF_TEXT, add_bos=False)
+        assert backend.adds_bos
+        assert backend.template_tokens["bos_token"] == BEGIN_OF_TEXT
+        assert backend.tokenize(FOX, add_bos=True) == [bos, *backend.tokenize(FOX, add_bos=False)]
+        assert bos not in backend.tokenize(FOX, add_bos=False)
+        assert backend.sampling_defaults() == SamplingDefaults()  # no generation_config.json
+    finally:
+        backend.close()
+
+
+def test_close_is_idempotent_and_final(checkpoint: Path) -> None:
+    backend = MlxLmBackend(checkpoint, MlxLmOptions(context_size=4096))
+    backend.close()
+    backend.close()
+    with pytest.raises(BackendFailure, match="closed"):
+        backend.generate([1, 2, 3], params())
+
+
+def _copy_checkpoint(checkpoint: Path, tmp_path: Path) -> Path:
+    return Path(shutil.copytree(checkpoint, tmp_path / "copy"))
+
+
+def _edit_config(directory: Path, **changes: Any) -> None:
+    config_file = directory / "config.json"
+    config = json.loads(config_file.read_text())
+    config.update(changes)
+    config_file.write_text(json.dumps(config))
+
+
+def _remove(*names: str) -> Callable[[Path], None]:
+    def mutate(directory: Path) -> None:
+        for name in names:
+            for file in directory.glob(name):
+                file.unlink()
+
+    return mutate
+
+
+BREAKAGES: dict[str, Callable[[Path], object]] = {
+    "no-config": _remove("config.json"),
+    "no-weights": _remove("model*.safetensors"),
+    "no-tokenizer": _remove("tokenizer.json", "tokenizer_config.json"),
+    "config-not-json": lambda d: (d / "config.json").write_text("{nope"),
+    "unknown-model-type": lambda d: _edit_config(d, model_type="no-such-architecture"),
+    "weights-of-another-shape": lambda d: _edit_config(d, hidden_size=64),
+    "corrupt-weights": lambda d: (d / "model.safetensors").write_bytes(b"not safetensors"),
+}
+
+
+@pytest.mark.parametrize("breakage", BREAKAGES, ids=list(BREAKAGES))
+def test_a_broken_checkpoint_is_a_backend_failure(
+    checkpoint: Path, tmp_path: Path, breakage: str
+) -> None:
+    broken = _copy_checkpoint(checkpoint, tmp_path)
+    BREAKAGES[breakage](broken)
+    with pytest.raises(BackendFailure, match="mlx-lm could not load") as failure:
+        MlxLmBackend(broken, MlxLmOptions(context_size=4096))
+    assert str(broken) in failure.value.message
+
+
+def test_a_missing_directory_is_a_backend_failure_not_a_download(tmp_path: Path) -> None:
+    missing = tmp_path / "no-such-model"
+    with pytest.raises(BackendFailure, match="not a directory") as failure:
+        MlxLmBackend(missing, MlxLmOptions(context_size=4096))
+    assert str(missing) in failure.value.message
