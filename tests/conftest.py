@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import threading
 from collections.abc import Coroutine, Iterator
+from contextlib import contextmanager
 from typing import Any, TypeVar
 
 import grpc
@@ -59,6 +60,17 @@ def make_settings(**overrides: Any) -> Settings:
     }
     values.update(overrides)
     return Settings(**values)
+
+
+@contextmanager
+def serving(settings: Settings) -> Iterator[tuple[RunningServer, pb_grpc.InferenceStub]]:
+    """A server of its own for a test or module, and a stub connected to it."""
+    running = RunningServer(settings)
+    try:
+        with grpc.insecure_channel(running.target) as channel:
+            yield running, pb_grpc.InferenceStub(channel)
+    finally:
+        running.stop()
 
 
 @pytest.fixture(scope="session", autouse=True)

@@ -15,7 +15,7 @@ from inference.v1 import inference_pb2_grpc as pb_grpc
 from service.admission import gates
 from service.admission.quantization import QuantScheme, from_checkpoint_config
 from service.models.embedded import EMBEDDED_MODELS
-from tests.conftest import SMOLLM, RunningServer, collect, finished_of, make_settings
+from tests.conftest import SMOLLM, collect, finished_of, make_settings, serving
 from tests.fixtures import Q, write_checkpoint, write_gguf_header, write_hub_snapshot
 
 FT = gguf.LlamaFileType
@@ -153,19 +153,12 @@ def model_tree(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture(scope="module")
-def admission_server(model_tree: Path) -> Iterator[RunningServer]:
+def admit_stub(model_tree: Path) -> Iterator[pb_grpc.InferenceStub]:
     settings = make_settings(
         models_dir=[model_tree / "models"], hf_cache_dir=model_tree / "hub", hf_offline=True
     )
-    running = RunningServer(settings)
-    yield running
-    running.stop()
-
-
-@pytest.fixture(scope="module")
-def admit_stub(admission_server: RunningServer) -> Iterator[pb_grpc.InferenceStub]:
-    with grpc.insecure_channel(admission_server.target) as channel:
-        yield pb_grpc.InferenceStub(channel)
+    with serving(settings) as (_, stub):
+        yield stub
 
 
 def admit(stub: pb_grpc.InferenceStub, model: str) -> pb.AdmitResponse:

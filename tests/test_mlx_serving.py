@@ -6,13 +6,12 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import grpc
 import pytest
 from transformers import AutoTokenizer
 
 from inference.v1 import inference_pb2 as pb
 from inference.v1 import inference_pb2_grpc as pb_grpc
-from tests.conftest import RunningServer, collect, finished_of, make_settings, text_of
+from tests.conftest import collect, finished_of, make_settings, serving, text_of
 from tests.mlx_checkpoint import build_tiny_checkpoint
 
 
@@ -23,10 +22,8 @@ def checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="module")
 def stub(checkpoint: Path) -> Iterator[pb_grpc.InferenceStub]:
-    running = RunningServer(make_settings(models_dir=[checkpoint.parent]))
-    with grpc.insecure_channel(running.target) as channel:
-        yield pb_grpc.InferenceStub(channel)
-    running.stop()
+    with serving(make_settings(models_dir=[checkpoint.parent])) as (_, stub):
+        yield stub
 
 
 def test_admit_routes_a_checkpoint_to_mlx_lm(stub: pb_grpc.InferenceStub) -> None:

@@ -13,7 +13,7 @@ from inference.v1 import inference_pb2 as pb
 from inference.v1 import inference_pb2_grpc as pb_grpc
 from service.config import ModelConfig
 from service.models.embedded import EMBEDDED_MODELS
-from tests.conftest import GEMMA, RunningServer, collect, finished_of, make_settings, text_of
+from tests.conftest import GEMMA, collect, finished_of, make_settings, serving, text_of
 
 CHATML = (
     "{% for m in messages %}<start_of_turn>{{ m.role }}\n{{ m.content }}<end_of_turn>\n"
@@ -46,7 +46,7 @@ def test_reflection_lists_the_services_and_their_contract(channel: grpc.Channel)
 
 
 @pytest.fixture(scope="module")
-def tight_server() -> Iterator[RunningServer]:
+def tight_stub() -> Iterator[pb_grpc.InferenceStub]:
     """A second server: a short decode ceiling and an operator-supplied chat template."""
     gemma_path = EMBEDDED_MODELS[GEMMA].locate()
     settings = make_settings(
@@ -58,15 +58,8 @@ def tight_server() -> Iterator[RunningServer]:
             )
         },
     )
-    running = RunningServer(settings)
-    yield running
-    running.stop()
-
-
-@pytest.fixture(scope="module")
-def tight_stub(tight_server: RunningServer) -> Iterator[pb_grpc.InferenceStub]:
-    with grpc.insecure_channel(tight_server.target) as channel:
-        yield pb_grpc.InferenceStub(channel)
+    with serving(settings) as (_, stub):
+        yield stub
 
 
 def test_decode_ceiling_ends_with_time_limit_and_keeps_the_text(

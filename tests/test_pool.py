@@ -14,10 +14,18 @@ from inference.v1 import inference_pb2 as pb
 from inference.v1 import inference_pb2_grpc as pb_grpc
 from service.admission import Capability, decide
 from service.backends.llama_cpp import LlamaCppBackend
-from service.config import ModelConfig
+from service.config import ModelConfig, Settings
 from service.models.embedded import EMBEDDED_MODELS
 from service.models.sources import ModelSource
-from tests.conftest import GEMMA, SMOLLM, RunningServer, collect, finished_of, make_settings
+from tests.conftest import (
+    GEMMA,
+    SMOLLM,
+    RunningServer,
+    collect,
+    finished_of,
+    make_settings,
+    serving,
+)
 
 SMALL = "gemma-small"  # the Gemma file again, under another name and context size
 CONTEXT = 1024
@@ -38,7 +46,7 @@ def needs() -> dict[str, int]:
     }
 
 
-def pool_server(needs: dict[str, int], **overrides: Any) -> RunningServer:
+def pool_settings(needs: dict[str, int], **overrides: Any) -> Settings:
     """Room for the two embedded models, not for a third."""
     gemma_path = str(EMBEDDED_MODELS[GEMMA].locate())
     settings: dict[str, Any] = {
@@ -48,20 +56,23 @@ def pool_server(needs: dict[str, int], **overrides: Any) -> RunningServer:
         "load_wait": 0.5,
     }
     settings.update(overrides)
-    return RunningServer(make_settings(**settings))
+    return make_settings(**settings)
 
 
 @pytest.fixture
-def budget_server(needs: dict[str, int]) -> Iterator[RunningServer]:
-    running = pool_server(needs)
-    yield running
-    running.stop()
+def budget(needs: dict[str, int]) -> Iterator[tuple[RunningServer, pb_grpc.InferenceStub]]:
+    with serving(pool_settings(needs)) as server_and_stub:
+        yield server_and_stub
 
 
 @pytest.fixture
-def stub(budget_server: RunningServer) -> Iterator[pb_grpc.InferenceStub]:
-    with grpc.insecure_channel(budget_server.target) as channel:
-        yield pb_grpc.InferenceStub(channel)
+def budget_server(budget: tuple[RunningServer, pb_grpc.InferenceStub]) -> RunningServer:
+    return budget[0]
+
+
+@pytest.fixture
+def stub(budget: tuple[RunningServer, pb_grpc.InferenceStub]) -> pb_grpc.InferenceStub:
+    return budget[1]
 
 
 def generate(stub: pb_grpc.InferenceStub, model: str, max_tokens: int = 2) -> pb.GenerationFinished:
@@ -129,49 +140,34 @@ def test_concurrent_requests_for_an_unloaded_model_load_it_once(
 def test_a_model_too_big_for_the_budget_is_refused_up_front(
     needs: dict[str, int],
 ) -> None:
-    running = pool_server(needs, memory_budget=needs[SMOLLM] + 1)
-    try:
-        with grpc.insecure_channel(running.target) as channel:
-            stub = pb_grpc.InferenceStub(channel)
-            reply = stub.Admit(pb.AdmitRequest(model=GEMMA))
-            assert not reply.admitted
-            assert not reply.memory.fits
-            assert "memory budget" in reply.reason
-            with pytest.raises(grpc.RpcError) as caught:
-                generate(stub, GEMMA)
-            assert caught.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
-            assert "--memory-budget" in (caught.value.details() or "")
-            assert generate(stub, SMOLLM).usage.completion_tokens == 2
-    finally:
-        running.stop()
+    with serving(pool_settings(needs, memory_budget=needs[SMOLLM] + 1)) as (_, stub):
+        reply = stub.Admit(pb.AdmitRequest(model=GEMMA))
+        assert not reply.admitted
+        assert not reply.memory.fits
+        assert "memory budget" in reply.reason
+        with pytest.raises(grpc.RpcError) as caught:
+            generate(stub, GEMMA)
+        assert caught.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+        assert "--memory-budget" in (caught.value.details() or "")
+        assert generate(stub, SMOLLM).usage.completion_tokens == 2
 
 
 def test_max_loaded_models_evicts_down_to_the_limit(needs: dict[str, int]) -> None:
-    running = pool_server(needs, max_loaded_models=1)
-    try:
-        with grpc.insecure_channel(running.target) as channel:
-            stub = pb_grpc.InferenceStub(channel)
-            generate(stub, GEMMA)
-            assert set(loaded(stub)) == {GEMMA}
-    finally:
-        running.stop()
+    with serving(pool_settings(needs, max_loaded_models=1)) as (_, stub):
+        generate(stub, GEMMA)
+        assert set(loaded(stub)) == {GEMMA}
 
 
 def test_idle_models_are_unloaded_after_the_keep_alive_but_not_the_default(
     needs: dict[str, int],
 ) -> None:
-    running = pool_server(needs, keep_alive=0.3)
-    try:
-        with grpc.insecure_channel(running.target) as channel:
-            stub = pb_grpc.InferenceStub(channel)
-            generate(stub, GEMMA)
-            assert GEMMA in loaded(stub)
-            deadline = time.monotonic() + 10
-            while GEMMA in loaded(stub) and time.monotonic() < deadline:
-                time.sleep(0.05)
-            assert set(loaded(stub)) == {SMOLLM}
-    finally:
-        running.stop()
+    with serving(pool_settings(needs, keep_alive=0.3)) as (_, stub):
+        generate(stub, GEMMA)
+        assert GEMMA in loaded(stub)
+        deadline = time.monotonic() + 10
+        while GEMMA in loaded(stub) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert set(loaded(stub)) == {SMOLLM}
 
 
 def test_a_backend_that_fails_mid_forward_is_discarded_and_reloaded(

@@ -27,6 +27,16 @@ class TokenStream:
     tokens: Generator[int, None, None]
 
 
+def common_prefix_length(cached: Sequence[int], prompt: Sequence[int]) -> int:
+    """How many leading tokens two sequences share: what a prompt cache can reuse."""
+    common = 0
+    for old, new in zip(cached, prompt, strict=False):
+        if old != new:
+            break
+        common += 1
+    return common
+
+
 class TextBackend(Protocol):
     @property
     def name(self) -> str:

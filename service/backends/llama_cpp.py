@@ -13,7 +13,7 @@ from typing import Any
 import llama_cpp
 import structlog
 
-from service.backends.base import TokenStream
+from service.backends.base import TokenStream, common_prefix_length
 from service.errors import BackendFailure
 from service.generation import SamplingDefaults, SamplingParams
 
@@ -191,12 +191,8 @@ class LlamaCppBackend:
         logits the first sample reads belong to this prompt.
         """
         llama = self._llama
-        cached = llama.input_ids[: llama.n_tokens]
-        common = 0
-        for old, new in zip(cached, prompt_ids[:-1], strict=False):
-            if old != new:
-                break
-            common += 1
+        cached = llama.input_ids[: llama.n_tokens].tolist()
+        common = common_prefix_length(cached, prompt_ids[:-1])
         if common > 0 and llama._ctx.kv_cache_seq_rm(-1, common, -1):
             llama.n_tokens = common
             return common

@@ -23,7 +23,7 @@ from mlx_lm.tokenizer_utils import (
 )
 from mlx_lm.utils import load
 
-from service.backends.base import TokenStream
+from service.backends.base import TokenStream, common_prefix_length
 from service.errors import BackendFailure
 from service.generation import SamplingDefaults, SamplingParams
 
@@ -193,7 +193,7 @@ class MlxLmBackend:
         At least one prompt token is always evaluated again, so that the
         logits the first sample reads belong to this prompt.
         """
-        common = _common_prefix_length(self._cache_ids, prompt[:-1])
+        common = common_prefix_length(self._cache_ids, prompt[:-1])
         if common > 0 and _trim(self._cache, len(self._cache_ids) - common):
             del self._cache_ids[common:]
             return common
@@ -215,15 +215,6 @@ def _trim(cache: list[Any], count: int) -> bool:
         return False
     trimmed: Any = trim_prompt_cache(cache, count)  # annotated as a list, it is the count
     return bool(trimmed == count)
-
-
-def _common_prefix_length(cached: Sequence[int], prompt: Sequence[int]) -> int:
-    common = 0
-    for old, new in zip(cached, prompt, strict=False):
-        if old != new:
-            break
-        common += 1
-    return common
 
 
 def _penalties(cached: Sequence[int], penalty: float) -> list[LogitsProcessor] | None:
