@@ -2,6 +2,7 @@
 
 inference-client generate [--chat] [--model M] [--max-tokens N] PROMPT
 inference-client generate --json PROMPT    # one JSON object per stream event
+inference-client image PROMPT --out FILE.png [--model M] [--width W] [--height H]
 inference-client models
 inference-client health
 """
@@ -11,6 +12,7 @@ from __future__ import annotations
 import argparse
 import sys
 from collections.abc import Iterable, Sequence
+from pathlib import Path
 
 import grpc
 from google.protobuf import json_format
@@ -64,6 +66,44 @@ def generate(args: argparse.Namespace) -> int:
     return 0
 
 
+def _image_request(args: argparse.Namespace) -> pb.GenerateImageRequest:
+    request = pb.GenerateImageRequest(
+        model=args.model, prompt=args.prompt, negative_prompt=args.negative_prompt
+    )
+    for name in ("width", "height", "steps", "guidance", "seed"):
+        value = getattr(args, name)
+        if value is not None:
+            setattr(request, name, value)
+    return request
+
+
+def _progress_bar(progress: pb.ImageProgress, width: int = 30) -> str:
+    done = width * progress.step // max(progress.total_steps, 1)
+    bar = "#" * done + "." * (width - done)
+    seconds = progress.elapsed_ms / 1000
+    return f"\r[{bar}] step {progress.step}/{progress.total_steps}  {seconds:.1f} s"
+
+
+def image(args: argparse.Namespace) -> int:
+    with grpc.insecure_channel(args.target) as channel:
+        stream = pb_grpc.InferenceStub(channel).GenerateImage(
+            _image_request(args), timeout=args.timeout
+        )
+        for response in stream:
+            if response.WhichOneof("event") == "progress":
+                print(_progress_bar(response.progress), end="", file=sys.stderr, flush=True)
+                continue
+            result = response.image
+            args.out.write_bytes(result.data)
+            seconds = result.total_ms / 1000
+            print(
+                f"\n{args.out}: {result.width}x{result.height} {result.media_type}, seed "
+                f"{result.seed}, {result.model} on {result.backend}, {seconds:.1f} s",
+                file=sys.stderr,
+            )
+    return 0
+
+
 def models(args: argparse.Namespace) -> int:
     with grpc.insecure_channel(args.target) as channel:
         reply = pb_grpc.InferenceStub(channel).ListModels(
@@ -101,6 +141,18 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument("--stop", action="append", default=[], help="stop sequence; repeatable")
     gen.add_argument("--json", action="store_true", help="print each event as one JSON line")
     gen.set_defaults(run=generate)
+
+    img = commands.add_parser("image", help="generate an image and save the PNG")
+    img.add_argument("prompt")
+    img.add_argument("--out", type=Path, required=True, help="where to write the PNG")
+    img.add_argument("--model", default="", help="image model (default: the server's)")
+    img.add_argument("--negative-prompt", default="")
+    img.add_argument("--width", type=int)
+    img.add_argument("--height", type=int)
+    img.add_argument("--steps", type=int)
+    img.add_argument("--guidance", type=float)
+    img.add_argument("--seed", type=int)
+    img.set_defaults(run=image)
 
     commands.add_parser("models", help="list the server's models").set_defaults(run=models)
 

@@ -57,6 +57,16 @@ class ModelConfig(BaseModel):
         default=None,
         description="A Jinja chat template that replaces (or supplies) the model's own.",
     )
+    backend: Literal["auto", "external"] = Field(
+        default="auto",
+        description="auto: the backend the model's files call for; external: generate images "
+        "with the external image command (source is then its model name or a hub repo).",
+    )
+    base_model: str = Field(
+        default="dev",
+        description="For the external image command: the architecture family of a hub repo "
+        "source (its --base-model).",
+    )
 
 
 class Settings(BaseSettings):
@@ -110,6 +120,26 @@ class Settings(BaseSettings):
         ge=0,
         description="Seconds a load may wait for busy models to free memory before "
         "RESOURCE_EXHAUSTED.",
+    )
+    image_max_width: int = Field(default=2048, gt=0, description="Largest image width.")
+    image_max_height: int = Field(default=2048, gt=0, description="Largest image height.")
+    image_max_steps: int = Field(default=100, gt=0, description="Most denoising steps.")
+    image_output_dir: Path | None = Field(
+        default=None,
+        description="Also save every generated image here, under a name the server chooses.",
+    )
+    image_command: str = Field(
+        default="mflux-generate",
+        description="The external image command (mflux-generate's arguments), a name on "
+        "PATH or a path.",
+    )
+    image_command_managed: Path | None = Field(
+        default=None,
+        description="A managed copy of the image command, preferred over image_command "
+        "whenever it runs.",
+    )
+    image_command_timeout: float = Field(
+        default=900.0, gt=0, description="Seconds one external image generation may take."
     )
     threads: int = Field(
         default_factory=available_cores,

@@ -7,6 +7,7 @@
     ├── AccessDenied          PERMISSION_DENIED    a path outside the allowed roots
     ├── Overloaded            RESOURCE_EXHAUSTED   no room to serve it now
     ├── Unavailable           UNAVAILABLE          try again: the model is being reloaded
+    ├── TimedOut              DEADLINE_EXCEEDED    a server-side time limit passed
     ├── NotImplementedYet     UNIMPLEMENTED        an RPC this build does not serve
     └── BackendFailure        INTERNAL             the model library failed
 
@@ -53,6 +54,10 @@ class Overloaded(ServiceError):
 
 class Unavailable(ServiceError):
     code = grpc.StatusCode.UNAVAILABLE
+
+
+class TimedOut(ServiceError):
+    code = grpc.StatusCode.DEADLINE_EXCEEDED
 
 
 class NotImplementedYet(ServiceError):

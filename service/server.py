@@ -20,8 +20,11 @@ from grpc_reflection.v1alpha import reflection
 from inference.v1 import inference_pb2 as pb
 from inference.v1 import inference_pb2_grpc as pb_grpc
 from service.admission import Capability, Decision, decide
-from service.backends import load_text_backend
+from service.backends import load_backend
 from service.config import Settings, load_settings
+from service.image_generation import ImageGenerator
+from service.images.external import CommandResolver
+from service.images.generation import ImageLimits
 from service.log import configure_logging
 from service.models.catalog import Catalog
 from service.models.memory import default_budget_bytes
@@ -48,7 +51,7 @@ def build_pool(settings: Settings) -> ModelPool:
     def admit(source: ModelSource, capability: Capability) -> Decision:
         return decide(source, capability, offline=settings.hf_offline)
 
-    return ModelPool(Catalog(settings, resolver), admit, load_text_backend, limits)
+    return ModelPool(Catalog(settings, resolver), admit, load_backend, limits)
 
 
 class InferenceServer:
@@ -61,9 +64,17 @@ class InferenceServer:
         self.health = health.aio.HealthServicer()  # type: ignore[attr-defined]
         self._server = grpc.aio.server()
         self._warm_task: asyncio.Task[None] | None = None
-        pb_grpc.add_InferenceServicer_to_server(
-            InferenceServicer(self.pool, TextGenerator(self.pool, settings)), self._server
+        commands = CommandResolver(settings.image_command, settings.image_command_managed)
+        limits = ImageLimits(
+            settings.image_max_width, settings.image_max_height, settings.image_max_steps
         )
+        servicer = InferenceServicer(
+            self.pool,
+            TextGenerator(self.pool, settings),
+            ImageGenerator(self.pool, settings, commands),
+            limits,
+        )
+        pb_grpc.add_InferenceServicer_to_server(servicer, self._server)
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self._server)
         reflection.enable_server_reflection(SERVICE_NAMES, self._server)
 

@@ -6,10 +6,11 @@ from collections.abc import AsyncIterator
 
 from inference.v1 import inference_pb2 as pb
 from inference.v1 import inference_pb2_grpc as pb_grpc
-from service.admission import Capability
+from service.admission import Capability, Decision
 from service.admission.report import AdmissionReport
-from service.errors import NotImplementedYet
 from service.generation import Finished, GenerationRequest, Started
+from service.image_generation import ImageGenerator
+from service.images.generation import ImageDone, ImageLimits, ImageRequest
 from service.models.catalog import ModelSpec
 from service.models.pool import LoadedModel, ModelPool
 from service.rpc import Summary, stream_rpc, unary_rpc
@@ -17,9 +18,17 @@ from service.text_generation import TextGenerator
 
 
 class InferenceServicer(pb_grpc.InferenceServicer):
-    def __init__(self, pool: ModelPool, text: TextGenerator) -> None:
+    def __init__(
+        self,
+        pool: ModelPool,
+        text: TextGenerator,
+        images: ImageGenerator,
+        image_limits: ImageLimits,
+    ) -> None:
         self._pool = pool
         self._text = text
+        self._images = images
+        self._image_limits = image_limits
 
     @stream_rpc
     async def Generate(
@@ -44,36 +53,55 @@ class InferenceServicer(pb_grpc.InferenceServicer):
 
     @unary_rpc
     async def Admit(self, request: pb.AdmitRequest, summary: Summary) -> pb.AdmitResponse:
-        spec = self._pool.catalog.resolve(request.model)
         capability = Capability(request.capability or pb.CAPABILITY_TEXT)
-        decision = await self._pool.admission(spec, capability)
-        weights, kv_cache = decision.memory_bytes(spec.context_size)
-        loaded = any(model.name == spec.name for model in self._pool.loaded())
-        report = AdmissionReport(
-            decision=decision,
-            weights_bytes=weights,
-            kv_cache_bytes=kv_cache,
-            plan=self._pool.plan(0 if loaded else weights + kv_cache, spec.name),
-            budget_bytes=self._pool.limits.budget_bytes,
-            used_bytes=self._pool.used_bytes(),
-            loaded=loaded,
-        )
-        summary.update(model=spec.name, admitted=report.admitted, backend=decision.backend)
+        route = None
+        if capability is Capability.IMAGE:
+            route = await self._images.route(request.model)
+        if route is not None:
+            decision = await self._images.external_decision(route)
+            report = self._report(decision, weights=0, kv_cache=0, name=route.model)
+        else:
+            spec = self._pool.catalog.resolve(request.model)
+            decision = await self._pool.admission(spec, capability)
+            weights, kv_cache = decision.memory_bytes(spec.context_size)
+            report = self._report(decision, weights, kv_cache, spec.name)
+        summary.update(model=request.model, admitted=report.admitted, backend=decision.backend)
         return report.to_pb()
 
     @stream_rpc
     async def GenerateImage(
         self, request: pb.GenerateImageRequest, summary: Summary
     ) -> AsyncIterator[pb.GenerateImageResponse]:
-        raise NotImplementedYet("GenerateImage is not implemented in this build yet")
-        yield  # an async generator, like every streaming RPC
+        image_request = ImageRequest.from_pb(request, self._image_limits)
+        summary.update(model=image_request.model, seed=image_request.seed)
+        async for event in self._images.generate(image_request):
+            if isinstance(event, ImageDone):
+                summary.update(backend=event.backend, width=event.image.width)
+                summary.update(height=event.image.height, total_ms=round(event.total_ms, 1))
+            yield event.to_pb()
+
+    def _report(
+        self, decision: Decision, weights: int, kv_cache: int, name: str
+    ) -> AdmissionReport:
+        loaded = any(model.name == name for model in self._pool.loaded())
+        return AdmissionReport(
+            decision=decision,
+            weights_bytes=weights,
+            kv_cache_bytes=kv_cache,
+            plan=self._pool.plan(0 if loaded else weights + kv_cache, name),
+            budget_bytes=self._pool.limits.budget_bytes,
+            used_bytes=self._pool.used_bytes(),
+            loaded=loaded,
+        )
 
 
 def _model_info(spec: ModelSpec, model: LoadedModel | None, default: str) -> pb.ModelInfo:
+    # Until a model is loaded its kind is only known for the external image command.
+    capability = pb.CAPABILITY_IMAGE if spec.backend == "external" else pb.CAPABILITY_TEXT
     info = pb.ModelInfo(
         name=spec.name,
         source=spec.label,
-        capabilities=[pb.CAPABILITY_TEXT],
+        capabilities=[model.capability.value if model else capability],
         is_default=spec.name == default,
         loaded=model is not None,
     )
@@ -81,7 +109,8 @@ def _model_info(spec: ModelSpec, model: LoadedModel | None, default: str) -> pb.
         info.backend = model.backend.name
         info.memory_bytes = model.memory_bytes
         info.last_used_unix_ms = int(model.last_used * 1000)
-        info.context_length = model.backend.context_length
+        if model.capability is Capability.TEXT:
+            info.context_length = model.text.context_length
     return info
 
 

@@ -37,7 +37,7 @@ class TextGenerator:
                 prepared = await model.worker.call(lambda: self._prepare(model, request))
                 yield prepared.started
                 events = model.worker.stream(
-                    lambda cancelled: decode(model.backend, prepared.plan, cancelled, received_at)
+                    lambda cancelled: decode(model.text, prepared.plan, cancelled, received_at)
                 )
                 async for event in events:
                     yield event
@@ -54,7 +54,7 @@ class TextGenerator:
     def _prepare(self, model: LoadedModel, request: GenerationRequest) -> _Prepared:
         if model.broken:  # it failed while this request waited its turn
             raise Unavailable(f"model {model.name!r} is being reloaded after a failure; retry")
-        backend = model.backend
+        backend = model.text
         prompt_ids = _prompt_ids(model, request)
         max_tokens = fit_max_tokens(
             prompt_tokens=len(prompt_ids),
@@ -79,7 +79,7 @@ class TextGenerator:
 
 
 def _prompt_ids(model: LoadedModel, request: GenerationRequest) -> list[int]:
-    backend: TextBackend = model.backend
+    backend: TextBackend = model.text
     if request.prompt is not None:
         return backend.tokenize(request.prompt, add_bos=backend.adds_bos)
     tokens = backend.template_tokens

@@ -37,7 +37,8 @@ def test_generate_json_prints_one_event_per_line(
 def test_chat_flag_sends_messages(
     server: RunningServer, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    code = main(["--target", server.target, "generate", "--chat", "--json", "What is 2+2?"])
+    argv = ["--target", server.target, "generate", "--chat", "--json", "--temperature", "0"]
+    code = main([*argv, "What is 2+2?"])
     lines = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
     assert code == 0
     assert lines[-1]["finished"]["finishReason"] == "FINISH_REASON_END_OF_TURN"

@@ -105,7 +105,7 @@ def test_chat_on_a_model_without_template_is_failed_precondition(
 
 
 def test_cancel_mid_stream_frees_the_model(stub: pb_grpc.InferenceStub) -> None:
-    call = stub.Generate(pb.GenerateRequest(prompt="Count: 1, 2, 3,", max_tokens=400))
+    call = stub.Generate(greedy("Count: 1, 2, 3,", max_tokens=400))
     deltas = 0
     for event in call:
         deltas += event.WhichOneof("event") == "delta"
@@ -122,7 +122,7 @@ def test_deadline_is_deadline_exceeded_and_the_model_stays_usable(
     stub: pb_grpc.InferenceStub,
 ) -> None:
     with pytest.raises(grpc.RpcError) as caught:
-        collect(stub.Generate(pb.GenerateRequest(prompt="Count:", max_tokens=500), timeout=0.5))
+        collect(stub.Generate(greedy("Count:", max_tokens=500), timeout=0.5))
     assert caught.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
     finished = finished_of(collect(stub.Generate(greedy("Hello", max_tokens=2))))
     assert finished.usage.completion_tokens == 2
@@ -172,13 +172,6 @@ def test_bad_requests_get_the_right_status_and_the_server_keeps_serving(
     assert caught.value.code() == code
     assert message in (caught.value.details() or "")
     assert finished_of(collect(stub.Generate(greedy("Hi", max_tokens=1)))).usage.completion_tokens
-
-
-def test_unimplemented_rpcs_say_so(stub: pb_grpc.InferenceStub) -> None:
-    request = pb.GenerateImageRequest(model="tiny-sd", prompt="a cat")
-    with pytest.raises(grpc.RpcError) as caught:
-        list(stub.GenerateImage(request))
-    assert caught.value.code() == grpc.StatusCode.UNIMPLEMENTED
 
 
 def test_list_models_shows_the_embedded_models(stub: pb_grpc.InferenceStub) -> None:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
 from collections.abc import Iterator
 
 import grpc
@@ -65,7 +67,11 @@ def tight_stub() -> Iterator[pb_grpc.InferenceStub]:
 def test_decode_ceiling_ends_with_time_limit_and_keeps_the_text(
     tight_stub: pb_grpc.InferenceStub,
 ) -> None:
-    events = collect(tight_stub.Generate(pb.GenerateRequest(prompt="Count: 1, 2,", max_tokens=500)))
+    events = collect(
+        tight_stub.Generate(
+            pb.GenerateRequest(prompt="Count: 1, 2,", max_tokens=500, temperature=0)
+        )
+    )
     finished = finished_of(events)
     assert finished.finish_reason == pb.FINISH_REASON_TIME_LIMIT
     assert 0 < finished.usage.completion_tokens < 500
@@ -87,3 +93,11 @@ def test_operator_template_enables_chat_on_a_model_without_one(
     # The template text was parsed into Gemma's special tokens, not spelled out.
     assert events[0].started.prompt_tokens < 15
     assert finished_of(events).usage.completion_tokens >= 1
+
+
+def test_start_up_imports_no_heavy_library() -> None:
+    """torch, diffusers and mlx take seconds to import; health must not wait for them."""
+    heavy = ("torch", "diffusers", "transformers", "mlx_lm", "llama_cpp")
+    code = f"import service.server, sys; print([m for m in {heavy!r} if m in sys.modules])"
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert done.stdout.strip() == "[]"

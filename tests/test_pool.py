@@ -107,7 +107,9 @@ def test_a_model_with_a_stream_in_progress_is_never_evicted(
 ) -> None:
     generate(stub, SMOLLM)
     generate(stub, GEMMA)  # SmolLM is idle and least recently used; Gemma is next
-    stream = stub.Generate(pb.GenerateRequest(model=GEMMA, prompt="Count:", max_tokens=120))
+    stream = stub.Generate(
+        pb.GenerateRequest(model=GEMMA, prompt="Count:", max_tokens=120, temperature=0)
+    )
     next(stream)  # Gemma is now busy
     with pytest.raises(grpc.RpcError) as caught:
         generate(stub, SMALL)

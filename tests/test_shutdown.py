@@ -78,7 +78,9 @@ def test_sigterm_lets_the_stream_in_flight_finish_then_exits_zero(server: Server
     with grpc.insecure_channel(server.wait_for_address()) as channel:
         _wait_until_serving(channel)
         stub = pb_grpc.InferenceStub(channel)
-        stream = stub.Generate(pb.GenerateRequest(prompt="Count: 1, 2,", max_tokens=40))
+        stream = stub.Generate(
+            pb.GenerateRequest(prompt="Count: 1, 2,", max_tokens=40, temperature=0)
+        )
         events = [next(stream), next(stream)]  # started, and the first delta
         process.send_signal(signal.SIGTERM)
         events.extend(stream)
@@ -92,7 +94,9 @@ def test_new_requests_are_refused_while_draining(server: ServerProcess) -> None:
     with grpc.insecure_channel(server.wait_for_address()) as channel:
         _wait_until_serving(channel)
         stub = pb_grpc.InferenceStub(channel)
-        stream = stub.Generate(pb.GenerateRequest(prompt="Count: 1, 2,", max_tokens=60))
+        stream = stub.Generate(
+            pb.GenerateRequest(prompt="Count: 1, 2,", max_tokens=60, temperature=0)
+        )
         next(stream)
         process.send_signal(signal.SIGTERM)
         time.sleep(0.3)

@@ -12,8 +12,20 @@ import enum
 from dataclasses import dataclass
 
 from inference.v1 import inference_pb2 as pb
-from service.admission.describe import ModelDescription, describe_checkpoint, describe_gguf
-from service.admission.gates import LLAMA_CPP, MLX_LM, llama_cpp_refusal, mlx_lm_refusal
+from service.admission.describe import (
+    ModelDescription,
+    describe_checkpoint,
+    describe_gguf,
+    describe_pipeline,
+)
+from service.admission.gates import (
+    DIFFUSERS,
+    LLAMA_CPP,
+    MLX_LM,
+    diffusers_refusal,
+    llama_cpp_refusal,
+    mlx_lm_refusal,
+)
 from service.models.sources import ModelSource
 
 
@@ -38,10 +50,16 @@ class Decision:
 
 
 def decide(source: ModelSource, capability: Capability, *, offline: bool) -> Decision:
-    if capability is not Capability.TEXT:
-        return Decision(False, "this build has no image backend yet", available_locally=False)
     if source.path is None:
         return _not_cached(source, offline)
+    if source.kind == "diffusers":
+        description = describe_pipeline(source.path)
+        if capability is not Capability.IMAGE:
+            refusal = f"{source.path.name} is an image pipeline; call GenerateImage"
+            return _verdict(DIFFUSERS, description, refusal)
+        return _verdict(DIFFUSERS, description, diffusers_refusal(description))
+    if capability is Capability.IMAGE:
+        return Decision(False, f"{source.path.name} is a text model; call Generate", "", None, True)
     if source.kind == "gguf":
         description = describe_gguf(source.path)
         return _verdict(LLAMA_CPP, description, llama_cpp_refusal(description))

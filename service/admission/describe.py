@@ -145,17 +145,55 @@ def describe_checkpoint(directory: Path) -> ModelDescription:
     )
 
 
-def read_config(directory: Path) -> dict[str, Any]:
-    path = directory / "config.json"
+def describe_pipeline(directory: Path) -> ModelDescription:
+    """A diffusers pipeline directory: its class and the size and dtype of its weights."""
+    index = _read_json(directory / "model_index.json", directory.name)
+    weights = [f for f in directory.rglob("*") if f.suffix in (".safetensors", ".bin")]
+    dtype = next((d for f in weights if (d := _safetensors_dtype(f))), "float32")
+    return ModelDescription(
+        format="diffusers",
+        architecture=str(index.get("_class_name", "")),
+        quantization=from_checkpoint_config({"torch_dtype": dtype}),
+        weights_bytes=sum(f.stat().st_size for f in weights),
+        kv_bytes_per_token=0,
+        trained_context=0,
+        config=index,
+    )
+
+
+_SAFETENSORS_DTYPES = {"F32": "float32", "F16": "float16", "BF16": "bfloat16"}
+
+
+def _safetensors_dtype(path: Path) -> str | None:
+    """The dtype of the first floating tensor, from the file's JSON header alone."""
+    if path.suffix != ".safetensors":
+        return None
     try:
-        config = json.loads(path.read_text())
+        with path.open("rb") as file:
+            length = int.from_bytes(file.read(8), "little")
+            header = json.loads(file.read(min(length, 1 << 24)))
+    except (OSError, ValueError):
+        return None
+    for name, info in header.items():
+        if name != "__metadata__" and info.get("dtype") in _SAFETENSORS_DTYPES:
+            return _SAFETENSORS_DTYPES[info["dtype"]]
+    return None
+
+
+def read_config(directory: Path) -> dict[str, Any]:
+    return _read_json(directory / "config.json", directory.name)
+
+
+def _read_json(path: Path, label: str) -> dict[str, Any]:
+    try:
+        data = json.loads(path.read_text())
     except OSError as exc:
-        raise InvalidRequest(f"{directory.name} has no readable config.json: {exc}") from exc
+        raise InvalidRequest(f"{label} has no readable {path.name}: {exc}") from exc
     except json.JSONDecodeError as exc:
-        raise InvalidRequest(f"{directory.name}/config.json is not valid JSON: {exc}") from exc
-    if not isinstance(config, dict):
-        raise InvalidRequest(f"{directory.name}/config.json is not a JSON object")
-    return config
+        raise InvalidRequest(f"{label}/{path.name} is not valid JSON: {exc}") from exc
+    if not isinstance(data, dict):
+        raise InvalidRequest(f"{label}/{path.name} is not a JSON object")
+    return data
 
 
 def _config_kv_bytes_per_token(config: Mapping[str, Any]) -> int:

@@ -29,6 +29,7 @@ from service.admission.quantization import QuantScheme
 
 LLAMA_CPP = "llama.cpp"
 MLX_LM = "mlx-lm"
+DIFFUSERS = "diffusers"
 
 
 # --- llama.cpp --------------------------------------------------------------------------
@@ -138,3 +139,26 @@ def mlx_lm_model_module(config: Mapping[str, Any]) -> str | None:
         model_type = MODEL_REMAPPING.get(model_type, model_type)
     name = f"mlx_lm.models.{model_type}"
     return name if model_type and importlib.util.find_spec(name) is not None else None
+
+
+# --- diffusers --------------------------------------------------------------------------
+
+
+def diffusers_refusal(description: ModelDescription) -> str | None:
+    if importlib.util.find_spec("diffusers") is None:
+        return "diffusers pipelines need the diffusers package, which this build does not include"
+    if not description.architecture:
+        return "model_index.json names no pipeline _class_name"
+    if not diffusers_has_pipeline(description.architecture):
+        return (
+            f"diffusers in this build has no pipeline class {description.architecture!r}; "
+            "a newer diffusers may, or map the model to the external image command"
+        )
+    return None
+
+
+@cache
+def diffusers_has_pipeline(class_name: str) -> bool:
+    import diffusers  # about 3 s the first time; admission runs off the event loop
+
+    return isinstance(getattr(diffusers, class_name, None), type)

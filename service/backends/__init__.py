@@ -1,24 +1,34 @@
-"""The backend registry: which library loads a model, chosen by its files."""
+"""The backend registry: the library that serves a model, as admission chose it."""
 
 from __future__ import annotations
 
+from service.admission.gates import DIFFUSERS, LLAMA_CPP, MLX_LM
 from service.backends.base import TextBackend
 from service.errors import NotSupported
+from service.images.backend import ImageBackend
 from service.models.catalog import ModelSpec
 from service.models.sources import ModelSource
 
 
-def load_text_backend(spec: ModelSpec, source: ModelSource) -> TextBackend:
-    """Load an admitted model with the backend its files call for, on the worker thread."""
+def load_backend(spec: ModelSpec, source: ModelSource, backend: str) -> TextBackend | ImageBackend:
+    """Load an admitted model with `backend`; runs on the model's worker thread.
+
+    Each library is imported here, on first use, so that the server starts
+    without paying for libraries it may never need (torch takes seconds).
+    """
     if source.path is None:
         raise NotSupported(f"model {spec.name!r} is not on local disk")
-    if source.kind == "gguf":
+    if backend == LLAMA_CPP:
         from service.backends.llama_cpp import LlamaCppBackend, LlamaCppOptions
 
         options = LlamaCppOptions(context_size=spec.context_size, threads=spec.threads)
         return LlamaCppBackend(source.path, options)
-    if source.kind == "checkpoint":
+    if backend == MLX_LM:
         from service.backends.mlx_lm import MlxLmBackend, MlxLmOptions
 
         return MlxLmBackend(source.path, MlxLmOptions(context_size=spec.context_size))
-    raise NotSupported(f"model {spec.name!r}: no backend serves {source.describe()}")
+    if backend == DIFFUSERS:
+        from service.backends.diffusers_pipeline import DiffusersBackend, DiffusersOptions
+
+        return DiffusersBackend(source.path, DiffusersOptions(threads=spec.threads))
+    raise NotSupported(f"model {spec.name!r}: no backend named {backend!r} in this build")

@@ -25,6 +25,9 @@ class ModelSpec:
     threads: int
     chat_template: str | None = None
     configured: bool = True
+    source: str = ""  # the reference as configured or requested
+    backend: str = "auto"  # "external": images come from the external command
+    base_model: str = "dev"
 
 
 class Catalog:
@@ -41,6 +44,10 @@ class Catalog:
     def names(self) -> list[str]:
         return sorted(self._specs)
 
+    def configured(self, name: str) -> ModelSpec | None:
+        """The spec of a configured name (empty: the default); None for anything else."""
+        return self._specs.get(name or self.default_model)
+
     def resolve(self, name: str) -> ModelSpec:
         """The spec for a configured name (empty: the default) or a model reference."""
         spec = self._specs.get(name or self.default_model)
@@ -54,6 +61,7 @@ class Catalog:
             context_size=self._settings.context_size,
             threads=self._settings.threads,
             configured=False,
+            source=name,
         )
 
     def _embedded_spec(self, embedded: EmbeddedModel) -> ModelSpec:
@@ -73,4 +81,7 @@ class Catalog:
             context_size=config.context_size or self._settings.context_size,
             threads=config.threads or self._settings.threads,
             chat_template=config.chat_template,
+            source=config.source,
+            backend=config.backend,
+            base_model=config.base_model,
         )

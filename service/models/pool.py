@@ -19,12 +19,14 @@ import time
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
+from typing import cast
 
 import structlog
 
 from service.admission import Capability, Decision
 from service.backends.base import TextBackend
 from service.errors import NotSupported, Overloaded
+from service.images.backend import ImageBackend
 from service.models.catalog import Catalog, ModelSpec
 from service.models.memory import format_bytes
 from service.models.sources import ModelSource
@@ -32,7 +34,8 @@ from service.models.worker import ModelWorker
 
 log = structlog.get_logger("pool")
 
-BackendLoader = Callable[[ModelSpec, ModelSource], TextBackend]
+Backend = TextBackend | ImageBackend
+BackendLoader = Callable[[ModelSpec, ModelSource, str], Backend]
 Admitter = Callable[[ModelSource, Capability], Decision]
 
 
@@ -47,9 +50,10 @@ class PoolLimits:
 @dataclass
 class LoadedModel:
     spec: ModelSpec
-    backend: TextBackend
+    backend: Backend
     worker: ModelWorker
     memory_bytes: int
+    capability: Capability
     loaded_at: float = field(default_factory=time.time)
     last_used: float = field(default_factory=time.time)
     active_requests: int = 0
@@ -59,6 +63,18 @@ class LoadedModel:
     @property
     def name(self) -> str:
         return self.spec.name
+
+    @property
+    def text(self) -> TextBackend:
+        if self.capability is not Capability.TEXT:
+            raise NotSupported(f"model {self.name!r} generates images; call GenerateImage")
+        return cast(TextBackend, self.backend)
+
+    @property
+    def image(self) -> ImageBackend:
+        if self.capability is not Capability.IMAGE:
+            raise NotSupported(f"model {self.name!r} generates text; call Generate")
+        return cast(ImageBackend, self.backend)
 
 
 @dataclass(frozen=True)
@@ -128,9 +144,11 @@ class ModelPool:
     # --- using a model ------------------------------------------------------------
 
     @asynccontextmanager
-    async def use(self, name: str) -> AsyncIterator[LoadedModel]:
+    async def use(
+        self, name: str, capability: Capability = Capability.TEXT
+    ) -> AsyncIterator[LoadedModel]:
         """The loaded model for `name`, loading it if needed, held for one request."""
-        model = await self.get(name)
+        model = await self.get(name, capability)
         model.active_requests += 1
         try:
             yield model
@@ -139,7 +157,7 @@ class ModelPool:
             model.last_used = time.time()
             await self._after_release(model)
 
-    async def get(self, name: str) -> LoadedModel:
+    async def get(self, name: str, capability: Capability = Capability.TEXT) -> LoadedModel:
         spec = self.catalog.resolve(name)
         model = self._loaded.get(spec.name)
         if model is not None:
@@ -150,7 +168,7 @@ class ModelPool:
             if model is not None:
                 self._touch(model)
                 return model
-            return await self._admit_and_load(spec)
+            return await self._admit_and_load(spec, capability)
 
     async def admission(self, spec: ModelSpec, capability: Capability) -> Decision:
         """Admission for a spec, computed off the event loop (it reads files)."""
@@ -169,20 +187,20 @@ class ModelPool:
 
     # --- loading and unloading ----------------------------------------------------
 
-    async def _admit_and_load(self, spec: ModelSpec) -> LoadedModel:
+    async def _admit_and_load(self, spec: ModelSpec, capability: Capability) -> LoadedModel:
         source = await asyncio.to_thread(spec.locate)
-        decision = await asyncio.to_thread(self._admit, source, Capability.TEXT)
+        decision = await asyncio.to_thread(self._admit, source, capability)
         if not decision.admitted:
             raise NotSupported(f"model {spec.name!r} cannot be served: {decision.reason}")
         need = sum(decision.memory_bytes(spec.context_size))
         await self._make_room(spec.name, need)
         worker = ModelWorker(spec.name)
         try:
-            backend = await worker.call(lambda: self._loader(spec, source))
+            backend = await worker.call(lambda: self._loader(spec, source, decision.backend))
         except BaseException:
             worker.shutdown()
             raise
-        model = LoadedModel(spec, backend, worker, memory_bytes=need)
+        model = LoadedModel(spec, backend, worker, memory_bytes=need, capability=capability)
         self._loaded[spec.name] = model
         self.stats.loads[spec.name] = self.stats.loads.get(spec.name, 0) + 1
         log.info("model loaded", model=spec.name, backend=backend.name, memory=format_bytes(need))

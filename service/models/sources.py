@@ -26,7 +26,7 @@ from huggingface_hub.errors import LocalEntryNotFoundError
 
 from service.errors import AccessDenied, InvalidRequest, ModelNotFound
 
-SourceKind = Literal["gguf", "checkpoint", "unknown"]
+SourceKind = Literal["gguf", "checkpoint", "diffusers", "unknown"]
 
 _REPO_PART = r"[A-Za-z0-9][A-Za-z0-9._-]*"
 _HUB_REFERENCE = re.compile(
@@ -142,6 +142,8 @@ def _classify(path: Path, file: str | None, label: str) -> ModelSource:
         raise InvalidRequest(f"{label}: expected a .gguf file or a checkpoint directory")
     if file is not None:
         return ModelSource("gguf", _pick_gguf(path, file, label))
+    if (path / "model_index.json").is_file():
+        return ModelSource("diffusers", path)
     if (path / "config.json").is_file():
         return ModelSource("checkpoint", path)
     ggufs = sorted(path.rglob("*.gguf"))
@@ -150,7 +152,9 @@ def _classify(path: Path, file: str | None, label: str) -> ModelSource:
     if ggufs:
         names = ", ".join(str(g.relative_to(path)) for g in ggufs)
         raise InvalidRequest(f"{label} holds several GGUF files; name one with :FILE ({names})")
-    raise InvalidRequest(f"{label} holds neither a config.json nor a .gguf file")
+    raise InvalidRequest(
+        f"{label} holds no model: expected a .gguf file, a config.json or a model_index.json"
+    )
 
 
 def _pick_gguf(directory: Path, file: str, label: str) -> Path:

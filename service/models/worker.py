@@ -26,12 +26,29 @@ class ModelWorker:
     async def call(self, fn: Callable[[], T]) -> T:
         return await asyncio.get_running_loop().run_in_executor(self._executor, fn)
 
-    async def stream(self, produce: Callable[[threading.Event], Iterator[T]]) -> AsyncIterator[T]:
+    def stream(self, produce: Callable[[threading.Event], Iterator[T]]) -> AsyncIterator[T]:
         """Iterate `produce(cancelled)` on the worker thread.
 
         When the consumer stops early (the client went away, its deadline
         passed), `cancelled` is set; the producer checks it between items and
         returns, which frees the model for the next request.
+        """
+
+        def run(emit: Callable[[T], None], cancelled: threading.Event) -> None:
+            for item in produce(cancelled):
+                emit(item)
+                if cancelled.is_set():
+                    return
+
+        return self.run_emitting(run)
+
+    async def run_emitting(
+        self, work: Callable[[Callable[[T], None], threading.Event], None]
+    ) -> AsyncIterator[T]:
+        """Run `work(emit, cancelled)` on the worker thread; yield what it emits.
+
+        For libraries that report through callbacks (a diffusion step callback)
+        rather than by yielding. `cancelled` is set when the consumer stops early.
         """
         loop = asyncio.get_running_loop()
         queue: asyncio.Queue[tuple[object, BaseException | None]] = asyncio.Queue()
@@ -45,10 +62,7 @@ class ModelWorker:
 
         def run() -> None:
             try:
-                for item in produce(cancelled):
-                    send(item)
-                    if cancelled.is_set():
-                        break
+                work(send, cancelled)
             except BaseException as exc:  # handed to the consumer, raised there
                 send(_END, exc)
             else:

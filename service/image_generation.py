@@ -1,0 +1,113 @@
+"""Serving one GenerateImage request: route it by model, stream progress, return the PNG.
+
+The model decides the backend, never a switch: a model the operator mapped to
+the external command, or one of that command's built-in names, runs there;
+anything else is resolved like a text model and must be a diffusers pipeline,
+which runs in process, on its worker thread, from the shared pool.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+import uuid
+from collections.abc import AsyncIterator, Callable
+from pathlib import Path
+
+import structlog
+
+from service.admission import Capability, Decision
+from service.config import Settings
+from service.errors import NotSupported
+from service.images.backend import GenerationCancelled
+from service.images.external import BACKEND_NAME as EXTERNAL
+from service.images.external import CommandResolver, ExternalRoute, run_external
+from service.images.generation import ImageDone, ImageEvent, ImageRequest, ImageStep, RenderedImage
+from service.models.pool import ModelPool
+
+log = structlog.get_logger("images")
+
+# What a route yields: progress, then the image and the backend that made it.
+_Rendered = tuple[RenderedImage, str]
+
+
+class ImageGenerator:
+    def __init__(self, pool: ModelPool, settings: Settings, commands: CommandResolver) -> None:
+        self._pool = pool
+        self._settings = settings
+        self._commands = commands
+
+    async def route(self, model: str) -> ExternalRoute | None:
+        """The external route for `model`, or None when it runs in process."""
+        spec = self._pool.catalog.configured(model)
+        if spec is not None and spec.backend != "external":
+            return None
+        builtins = await asyncio.to_thread(self._commands.known_base_models)
+        if spec is not None:
+            if spec.source in builtins:
+                return ExternalRoute(spec.name, spec.source)
+            return ExternalRoute(spec.name, spec.base_model, spec.source)
+        return ExternalRoute(model, model) if model in builtins else None
+
+    async def external_decision(self, route: ExternalRoute) -> Decision:
+        command = await asyncio.to_thread(self._commands.resolve)
+        if command is None:
+            return Decision(False, self._commands.missing_reason(), EXTERNAL)
+        served = route.repo or route.base_model
+        return Decision(True, f"{Path(command.executable).name} serves {served}", EXTERNAL)
+
+    async def generate(self, request: ImageRequest) -> AsyncIterator[ImageEvent]:
+        started = time.monotonic()
+        route = await self.route(request.model)
+        events = self._in_process(request) if route is None else self._external(route, request)
+        async for event in events:
+            if isinstance(event, ImageStep):
+                yield event
+                continue
+            image, backend = event
+            self._save(image, request)
+            model = request.model or self._pool.catalog.default_model
+            total_ms = (time.monotonic() - started) * 1000
+            yield ImageDone(image, request.seed, model, backend, total_ms)
+
+    async def _external(
+        self, route: ExternalRoute, request: ImageRequest
+    ) -> AsyncIterator[ImageStep | _Rendered]:
+        command = await asyncio.to_thread(self._commands.resolve)
+        if command is None:
+            raise NotSupported(self._commands.missing_reason())
+        timeout = self._settings.image_command_timeout
+        async for event in run_external(command, route, request, timeout):
+            yield event if isinstance(event, ImageStep) else (event, EXTERNAL)
+
+    async def _in_process(self, request: ImageRequest) -> AsyncIterator[ImageStep | _Rendered]:
+        started = time.monotonic()
+        async with self._pool.use(request.model, Capability.IMAGE) as model:
+            backend = model.image
+
+            def work(emit: Callable[[object], None], cancelled: threading.Event) -> None:
+                def on_step(step: int, total: int) -> None:
+                    emit(ImageStep(step, total, (time.monotonic() - started) * 1000))
+
+                try:
+                    emit(backend.generate(request, on_step, cancelled))
+                except GenerationCancelled:
+                    return  # the client went away; nobody is listening
+
+            async for item in model.worker.run_emitting(work):
+                if isinstance(item, RenderedImage):
+                    yield item, backend.name
+                elif isinstance(item, ImageStep):
+                    yield item
+
+    def _save(self, image: RenderedImage, request: ImageRequest) -> None:
+        directory = self._settings.image_output_dir
+        if directory is None:
+            return
+        name = f"{time.strftime('%Y%m%d-%H%M%S')}-{request.seed}-{uuid.uuid4().hex[:8]}.png"
+        try:
+            directory.mkdir(parents=True, exist_ok=True)
+            (directory / name).write_bytes(image.png)
+        except OSError as exc:  # the image still reaches the client
+            log.warning("could not save image", path=str(directory / name), error=str(exc))

@@ -1,0 +1,1 @@
+"""Image generation: requests and events, backends' contract, and dispatch by model."""

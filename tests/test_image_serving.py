@@ -1,0 +1,92 @@
+"""A diffusers pipeline served end to end: admission, the shared pool, progress, the PNG."""
+
+from __future__ import annotations
+
+import io
+from collections.abc import Iterator
+from typing import Any
+
+import grpc
+import pytest
+from PIL import Image
+
+from inference.v1 import inference_pb2 as pb
+from inference.v1 import inference_pb2_grpc as pb_grpc
+from tests.conftest import GEMMA, collect, make_settings, serving
+from tests.tiny_pipeline import build_tiny_sd_pipeline
+
+
+@pytest.fixture(scope="module")
+def stub(tmp_path_factory: pytest.TempPathFactory) -> Iterator[pb_grpc.InferenceStub]:
+    models = tmp_path_factory.mktemp("image-models")
+    build_tiny_sd_pipeline(models / "tiny-sd")
+    with serving(make_settings(models_dir=[models], image_max_steps=10)) as (_, stub):
+        yield stub
+
+
+def render(stub: pb_grpc.InferenceStub, **fields: Any) -> list[pb.GenerateImageResponse]:
+    values: dict[str, Any] = {"prompt": "a red apple", "width": 64, "height": 32, "steps": 3}
+    values.update(fields)
+    return list(stub.GenerateImage(pb.GenerateImageRequest(model="tiny-sd", **values)))
+
+
+def test_admit_routes_a_pipeline_directory_to_diffusers(stub: pb_grpc.InferenceStub) -> None:
+    reply = stub.Admit(pb.AdmitRequest(model="tiny-sd", capability=pb.CAPABILITY_IMAGE))
+    assert reply.admitted, reply.reason
+    assert (reply.backend, reply.architecture) == ("diffusers", "StableDiffusionPipeline")
+    assert reply.memory.weights_bytes > 0
+    assert reply.quantization.method == "float32"
+
+
+def test_progress_then_a_png_of_the_requested_size(stub: pb_grpc.InferenceStub) -> None:
+    events = render(stub, seed=5)
+    steps = [(e.progress.step, e.progress.total_steps) for e in events[:-1]]
+    assert steps == [(1, 3), (2, 3), (3, 3)]
+    elapsed = [e.progress.elapsed_ms for e in events[:-1]]
+    assert elapsed == sorted(elapsed)
+    image = events[-1].image
+    assert (image.width, image.height, image.seed) == (64, 32, 5)
+    assert (image.model, image.backend, image.media_type) == ("tiny-sd", "diffusers", "image/png")
+    with Image.open(io.BytesIO(image.data)) as png:
+        assert (png.format, png.size) == ("PNG", (64, 32))
+
+
+def test_the_same_seed_gives_the_same_bytes(stub: pb_grpc.InferenceStub) -> None:
+    first = render(stub, seed=11)[-1].image.data
+    assert render(stub, seed=11)[-1].image.data == first
+    assert render(stub, seed=12)[-1].image.data != first
+    assert render(stub, seed=11, prompt="a green pear")[-1].image.data != first
+
+
+def test_an_unset_seed_is_drawn_and_reported(stub: pb_grpc.InferenceStub) -> None:
+    request = pb.GenerateImageRequest(model="tiny-sd", prompt="a cat", steps=1)
+    image = list(stub.GenerateImage(request))[-1].image
+    request.seed = image.seed
+    assert list(stub.GenerateImage(request))[-1].image.data == image.data
+
+
+def test_each_capability_refuses_the_other_kind_of_model(stub: pb_grpc.InferenceStub) -> None:
+    with pytest.raises(grpc.RpcError) as caught:
+        collect(stub.Generate(pb.GenerateRequest(model="tiny-sd", prompt="hi")))
+    assert caught.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+    assert "GenerateImage" in (caught.value.details() or "")
+    with pytest.raises(grpc.RpcError) as caught:
+        list(stub.GenerateImage(pb.GenerateImageRequest(model=GEMMA, prompt="a cat")))
+    assert caught.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+    assert "text model" in (caught.value.details() or "")
+
+
+def test_the_pipeline_lives_in_the_shared_pool(stub: pb_grpc.InferenceStub) -> None:
+    render(stub)
+    models = {m.name: m for m in stub.ListModels(pb.ListModelsRequest()).models}
+    pipeline = models["tiny-sd"]
+    assert pipeline.loaded
+    assert (pipeline.backend, list(pipeline.capabilities)) == ("diffusers", [pb.CAPABILITY_IMAGE])
+    assert pipeline.memory_bytes > 0
+
+
+def test_limits_are_checked_before_the_model(stub: pb_grpc.InferenceStub) -> None:
+    with pytest.raises(grpc.RpcError) as caught:
+        render(stub, steps=11)
+    assert caught.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert "[1, 10]" in (caught.value.details() or "")
