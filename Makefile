@@ -40,3 +40,4 @@ clean:
 
 bench:
 	$(BIN)/python -m bench.generate
+	$(BIN)/python -m bench.image

@@ -113,9 +113,11 @@ def rss_mib(pid: int) -> float:
 
 
 @contextmanager
-def running_server(model: str, threads: int) -> Iterator[tuple[str, int]]:
+def running_server(
+    model: str, threads: int, extra: list[str] | None = None
+) -> Iterator[tuple[str, int]]:
     command = [sys.executable, "-m", "service.server", "--listen", "127.0.0.1:0"]
-    command += ["--default-model", model, "--threads", str(threads)]
+    command += ["--default-model", model, "--threads", str(threads), *(extra or [])]
     env = {**os.environ, "INFERENCE_LOG_FORMAT": "json", "INFERENCE_LOG_LEVEL": "info"}
     process = subprocess.Popen(command, stderr=subprocess.PIPE, text=True, env=env)
     assert process.stderr is not None
