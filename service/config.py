@@ -121,6 +121,10 @@ class Settings(BaseSettings):
         description="Seconds a load may wait for busy models to free memory before "
         "RESOURCE_EXHAUSTED.",
     )
+    default_image_model: str = Field(
+        default="",
+        description="Model that serves GenerateImage requests which leave `model` empty.",
+    )
     image_max_width: int = Field(default=2048, gt=0, description="Largest image width.")
     image_max_height: int = Field(default=2048, gt=0, description="Largest image height.")
     image_max_steps: int = Field(default=100, gt=0, description="Most denoising steps.")

@@ -67,9 +67,8 @@ class ImageGenerator:
                 continue
             image, backend = event
             self._save(image, request)
-            model = request.model or self._pool.catalog.default_model
             total_ms = (time.monotonic() - started) * 1000
-            yield ImageDone(image, request.seed, model, backend, total_ms)
+            yield ImageDone(image, request.seed, request.model, backend, total_ms)
 
     async def _external(
         self, route: ExternalRoute, request: ImageRequest

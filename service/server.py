@@ -73,6 +73,7 @@ class InferenceServer:
             TextGenerator(self.pool, settings),
             ImageGenerator(self.pool, settings, commands),
             limits,
+            settings.default_image_model,
         )
         pb_grpc.add_InferenceServicer_to_server(servicer, self._server)
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self._server)

@@ -8,6 +8,7 @@ from inference.v1 import inference_pb2 as pb
 from inference.v1 import inference_pb2_grpc as pb_grpc
 from service.admission import Capability, Decision
 from service.admission.report import AdmissionReport
+from service.errors import InvalidRequest
 from service.generation import Finished, GenerationRequest, Started
 from service.image_generation import ImageGenerator
 from service.images.generation import ImageDone, ImageLimits, ImageRequest
@@ -24,11 +25,13 @@ class InferenceServicer(pb_grpc.InferenceServicer):
         text: TextGenerator,
         images: ImageGenerator,
         image_limits: ImageLimits,
+        default_image_model: str = "",
     ) -> None:
         self._pool = pool
         self._text = text
         self._images = images
         self._image_limits = image_limits
+        self._default_image_model = default_image_model
 
     @stream_rpc
     async def Generate(
@@ -53,7 +56,7 @@ class InferenceServicer(pb_grpc.InferenceServicer):
 
     @unary_rpc
     async def Admit(self, request: pb.AdmitRequest, summary: Summary) -> pb.AdmitResponse:
-        capability = Capability(request.capability or pb.CAPABILITY_TEXT)
+        capability = _capability(request.capability)
         route = None
         if capability is Capability.IMAGE:
             route = await self._images.route(request.model)
@@ -72,7 +75,7 @@ class InferenceServicer(pb_grpc.InferenceServicer):
     async def GenerateImage(
         self, request: pb.GenerateImageRequest, summary: Summary
     ) -> AsyncIterator[pb.GenerateImageResponse]:
-        image_request = ImageRequest.from_pb(request, self._image_limits)
+        image_request = ImageRequest.from_pb(request, self._image_limits, self._default_image_model)
         summary.update(model=image_request.model, seed=image_request.seed)
         async for event in self._images.generate(image_request):
             if isinstance(event, ImageDone):
@@ -93,6 +96,15 @@ class InferenceServicer(pb_grpc.InferenceServicer):
             used_bytes=self._pool.used_bytes(),
             loaded=loaded,
         )
+
+
+def _capability(value: int) -> Capability:
+    try:
+        return Capability(value or pb.CAPABILITY_TEXT)
+    except ValueError:
+        raise InvalidRequest(
+            f"unknown capability {value}; use CAPABILITY_TEXT or CAPABILITY_IMAGE"
+        ) from None
 
 
 def _model_info(spec: ModelSpec, model: LoadedModel | None, default: str) -> pb.ModelInfo:

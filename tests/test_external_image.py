@@ -211,3 +211,18 @@ def test_client_image_command_saves_the_png_and_shows_progress(
     assert "32x48" in err
     with Image.open(out) as png:
         assert png.size == (32, 48)
+
+
+def test_an_empty_model_uses_the_default_image_model_or_says_so(commands: Path) -> None:
+    command = wrapper(commands, "mflux-generate", "ok")
+    with image_server(command) as (_, stub):
+        with pytest.raises(grpc.RpcError) as caught:
+            list(stub.GenerateImage(image_request(model="")))
+        assert caught.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+        assert "--default-image-model" in (caught.value.details() or "")
+        with pytest.raises(grpc.RpcError) as caught:
+            stub.Admit(pb.AdmitRequest(model="schnell", capability=7))  # type: ignore[arg-type]
+        assert caught.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    with image_server(command, default_image_model="schnell") as (_, stub):
+        image = list(stub.GenerateImage(image_request(model="")))[-1].image
+        assert (image.model, image.backend) == ("schnell", "mflux")

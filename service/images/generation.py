@@ -32,9 +32,11 @@ class ImageRequest:
     seed: int
 
     @classmethod
-    def from_pb(cls, msg: pb.GenerateImageRequest, limits: ImageLimits) -> ImageRequest:
+    def from_pb(
+        cls, msg: pb.GenerateImageRequest, limits: ImageLimits, default_model: str = ""
+    ) -> ImageRequest:
         request = cls(
-            model=msg.model,
+            model=msg.model or default_model,
             prompt=msg.prompt,
             negative_prompt=msg.negative_prompt,
             width=msg.width if msg.HasField("width") else None,
@@ -47,6 +49,11 @@ class ImageRequest:
         return request
 
     def validate(self, limits: ImageLimits) -> None:
+        if not self.model:
+            raise InvalidRequest(
+                "name an image model in `model`: this server has no default image model "
+                "(--default-image-model)"
+            )
         if not self.prompt.strip():
             raise InvalidRequest("the request needs a non-empty `prompt`")
         for name, value, limit in (
