@@ -86,6 +86,8 @@ class ImageGenerator:
             backend = model.image
 
             def work(emit: Callable[[object], None], cancelled: threading.Event) -> None:
+                model.ensure_usable()
+
                 def on_step(step: int, total: int) -> None:
                     emit(ImageStep(step, total, (time.monotonic() - started) * 1000))
 

@@ -14,7 +14,6 @@ from service.backends.base import TextBackend
 from service.chat_template import render_chat
 from service.config import Settings
 from service.decode.loop import DecodePlan, decode, fit_max_tokens
-from service.errors import BackendFailure, ServiceError, Unavailable
 from service.generation import GenerationEvent, GenerationRequest, Started
 from service.models.pool import LoadedModel, ModelPool
 
@@ -33,27 +32,16 @@ class TextGenerator:
     async def generate(self, request: GenerationRequest) -> AsyncIterator[GenerationEvent]:
         received_at = time.monotonic()
         async with self._pool.use(request.model) as model:
-            try:
-                prepared = await model.worker.call(lambda: self._prepare(model, request))
-                yield prepared.started
-                events = model.worker.stream(
-                    lambda cancelled: decode(model.text, prepared.plan, cancelled, received_at)
-                )
-                async for event in events:
-                    yield event
-            except ServiceError:
-                raise
-            except Exception as exc:
-                # The library failed inside the model: its state is unknown now.
-                await self._pool.discard(model, f"{type(exc).__name__}: {exc}")
-                raise BackendFailure(
-                    f"model {model.name!r} failed while generating ({type(exc).__name__}: "
-                    f"{exc}); it was unloaded, and the next request loads it afresh"
-                ) from exc
+            prepared = await model.worker.call(lambda: self._prepare(model, request))
+            yield prepared.started
+            events = model.worker.stream(
+                lambda cancelled: decode(model.text, prepared.plan, cancelled, received_at)
+            )
+            async for event in events:
+                yield event
 
     def _prepare(self, model: LoadedModel, request: GenerationRequest) -> _Prepared:
-        if model.broken:  # it failed while this request waited its turn
-            raise Unavailable(f"model {model.name!r} is being reloaded after a failure; retry")
+        model.ensure_usable()
         backend = model.text
         prompt_ids = _prompt_ids(model, request)
         max_tokens = fit_max_tokens(

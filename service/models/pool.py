@@ -25,7 +25,13 @@ import structlog
 
 from service.admission import Capability, Decision
 from service.backends.base import TextBackend
-from service.errors import NotSupported, Overloaded
+from service.errors import (
+    BackendFailure,
+    NotSupported,
+    Overloaded,
+    ServiceError,
+    Unavailable,
+)
 from service.images.backend import ImageBackend
 from service.models.catalog import Catalog, ModelSpec
 from service.models.memory import format_bytes
@@ -63,6 +69,11 @@ class LoadedModel:
     @property
     def name(self) -> str:
         return self.spec.name
+
+    def ensure_usable(self) -> None:
+        """Call on the worker before using the backend: it may have failed meanwhile."""
+        if self.broken:  # a request ahead of this one broke it while this one waited
+            raise Unavailable(f"model {self.name!r} is being reloaded after a failure; retry")
 
     @property
     def text(self) -> TextBackend:
@@ -147,11 +158,25 @@ class ModelPool:
     async def use(
         self, name: str, capability: Capability = Capability.TEXT
     ) -> AsyncIterator[LoadedModel]:
-        """The loaded model for `name`, loading it if needed, held for one request."""
+        """The loaded model for `name`, loading it if needed, held for one request.
+
+        An exception other than a ServiceError leaving the block means the library
+        failed inside the model, whose state is then unknown: the model is
+        discarded and the request gets INTERNAL saying so.
+        """
         model = await self.get(name, capability)
         model.active_requests += 1
         try:
             yield model
+        except ServiceError:
+            raise
+        except Exception as exc:
+            failure = f"{type(exc).__name__}: {exc}"
+            await self.discard(model, failure)
+            raise BackendFailure(
+                f"model {model.name!r} failed while generating ({failure}); it was unloaded, "
+                "and the next request loads it afresh"
+            ) from exc
         finally:
             model.active_requests -= 1
             model.last_used = time.time()
