@@ -166,6 +166,10 @@ class Settings(BaseSettings):
         description="Wall-clock ceiling on one generation; it then ends with finish "
         "reason TIME_LIMIT and keeps the text so far.",
     )
+    metrics_listen: str | None = Field(
+        default=None,
+        description="Serve Prometheus metrics over HTTP on HOST:PORT at /metrics (off when unset).",
+    )
     grace_period: float = Field(
         default=10.0,
         ge=0,

@@ -12,32 +12,44 @@ import asyncio
 import functools
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 import grpc
 import structlog
 
 from service.errors import ServiceError
 
+if TYPE_CHECKING:
+    from service.metrics import Metrics
+
 log = structlog.get_logger("rpc")
 
 Request = TypeVar("Request")
 Response = TypeVar("Response")
-Servicer = TypeVar("Servicer")
+Servicer = TypeVar("Servicer", bound="Observed")
 Summary = dict[str, Any]
 Context = grpc.aio.ServicerContext[Any, Any]
 
 INTERNAL_MESSAGE = "internal error while serving the request; the server log has details"
 
 
-class _RpcOutcome:
-    """Tracks the status of one RPC for its summary line."""
+class Observed(Protocol):
+    """A servicer whose RPCs are counted in its metrics."""
 
-    def __init__(self, method: str) -> None:
+    metrics: Metrics | None
+
+
+class _RpcOutcome:
+    """Tracks the status of one RPC for its summary line and metrics."""
+
+    def __init__(self, method: str, metrics: Metrics | None) -> None:
         self.method = method
         self.summary: Summary = {}
         self.code = grpc.StatusCode.OK
+        self._metrics = metrics
         self._started = time.monotonic()
+        if metrics is not None:
+            metrics.rpc_started(method)
 
     def cancelled(self, context: Context) -> None:
         remaining = context.time_remaining()
@@ -55,11 +67,14 @@ class _RpcOutcome:
         await context.abort(self.code, message)
 
     def write(self) -> None:
+        seconds = time.monotonic() - self._started
+        if self._metrics is not None:
+            self._metrics.rpc_finished(self.method, self.code.name, seconds)
         log.info(
             "rpc",
             rpc=self.method,
             code=self.code.name,
-            duration_ms=round((time.monotonic() - self._started) * 1000, 1),
+            duration_ms=round(seconds * 1000, 1),
             **self.summary,
         )
 
@@ -69,7 +84,7 @@ def unary_rpc(
 ) -> Callable[[Servicer, Request, Context], Awaitable[Response]]:
     @functools.wraps(method)
     async def wrapper(self: Servicer, request: Request, context: Context) -> Any:
-        outcome = _RpcOutcome(method.__name__)
+        outcome = _RpcOutcome(method.__name__, self.metrics)
         try:
             return await method(self, request, outcome.summary)
         except asyncio.CancelledError:
@@ -90,7 +105,7 @@ def stream_rpc(
     async def wrapper(
         self: Servicer, request: Request, context: Context
     ) -> AsyncIterator[Response]:
-        outcome = _RpcOutcome(method.__name__)
+        outcome = _RpcOutcome(method.__name__, self.metrics)
         try:
             async for response in method(self, request, outcome.summary):
                 yield response

@@ -26,6 +26,7 @@ from service.image_generation import ImageGenerator
 from service.images.external import CommandResolver
 from service.images.generation import ImageLimits
 from service.log import configure_logging
+from service.metrics import Metrics
 from service.models.catalog import Catalog
 from service.models.memory import default_budget_bytes
 from service.models.pool import ModelPool, PoolLimits
@@ -64,16 +65,19 @@ class InferenceServer:
         self.health = health.aio.HealthServicer()  # type: ignore[attr-defined]
         self._server = grpc.aio.server()
         self._warm_task: asyncio.Task[None] | None = None
+        self.metrics_port: int | None = None
         commands = CommandResolver(settings.image_command, settings.image_command_managed)
         limits = ImageLimits(
             settings.image_max_width, settings.image_max_height, settings.image_max_steps
         )
+        self.metrics = Metrics(self.pool)
         servicer = InferenceServicer(
             self.pool,
             TextGenerator(self.pool, settings),
             ImageGenerator(self.pool, settings, commands),
             limits,
             settings.default_image_model,
+            self.metrics,
         )
         pb_grpc.add_InferenceServicer_to_server(servicer, self._server)
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self._server)
@@ -86,6 +90,9 @@ class InferenceServer:
             raise SystemExit(f"cannot listen on {self.settings.listen}")
         await self._set_health(health_pb2.HealthCheckResponse.NOT_SERVING)
         await self._server.start()
+        if self.settings.metrics_listen:
+            self.metrics_port = self.metrics.serve(self.settings.metrics_listen)
+            log.info("metrics", address=self.settings.metrics_listen, port=self.metrics_port)
         self.pool.start_housekeeping()
         self._warm_task = asyncio.create_task(self._warm_default_model())
         return port
@@ -101,6 +108,7 @@ class InferenceServer:
         if self._warm_task is not None:
             self._warm_task.cancel()
         await self._server.stop(self.settings.grace_period if grace is None else grace)
+        self.metrics.stop()
         await self.pool.close()
 
     async def _warm_default_model(self) -> None:

@@ -12,6 +12,7 @@ from service.errors import InvalidRequest
 from service.generation import Finished, GenerationRequest, Started
 from service.image_generation import ImageGenerator
 from service.images.generation import ImageDone, ImageLimits, ImageRequest
+from service.metrics import Metrics
 from service.models.catalog import ModelSpec
 from service.models.pool import LoadedModel, ModelPool
 from service.rpc import Summary, stream_rpc, unary_rpc
@@ -26,7 +27,9 @@ class InferenceServicer(pb_grpc.InferenceServicer):
         images: ImageGenerator,
         image_limits: ImageLimits,
         default_image_model: str = "",
+        metrics: Metrics | None = None,
     ) -> None:
+        self.metrics = metrics
         self._pool = pool
         self._text = text
         self._images = images
@@ -41,6 +44,8 @@ class InferenceServicer(pb_grpc.InferenceServicer):
         summary["model"] = generation.model or self._pool.catalog.default_model
         async for event in self._text.generate(generation):
             _summarize(event, summary)
+            if isinstance(event, Finished) and self.metrics is not None:
+                self.metrics.generation(event, summary["model"])
             yield event.to_pb()
 
     @unary_rpc
@@ -79,6 +84,8 @@ class InferenceServicer(pb_grpc.InferenceServicer):
         summary.update(model=image_request.model, seed=image_request.seed)
         async for event in self._images.generate(image_request):
             if isinstance(event, ImageDone):
+                if self.metrics is not None:
+                    self.metrics.image(event)
                 summary.update(backend=event.backend, width=event.image.width)
                 summary.update(height=event.image.height, total_ms=round(event.total_ms, 1))
             yield event.to_pb()

@@ -1,0 +1,117 @@
+"""Prometheus metrics, served over HTTP beside the gRPC port (`--metrics-listen`).
+
+Each server has its own registry, so several servers in one process (tests)
+never share counters. Pool figures (loaded models, memory, loads, evictions)
+are read from the pool when scraped rather than mirrored on every change.
+"""
+
+from __future__ import annotations
+
+from collections import Counter as Tally
+from collections.abc import Iterator
+from wsgiref.simple_server import WSGIServer
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+from service.generation import Finished
+from service.images.generation import ImageDone
+from service.models.pool import ModelPool
+
+_LATENCY_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0)
+
+
+class Metrics:
+    def __init__(self, pool: ModelPool) -> None:
+        self.registry = CollectorRegistry()
+        self.rpcs = Counter(
+            "inference_rpcs", "RPCs finished, by method and status code.", ["rpc", "code"],
+            registry=self.registry,
+        )  # fmt: skip
+        self.rpc_seconds = Histogram(
+            "inference_rpc_duration_seconds", "Time from an RPC's start to its end.", ["rpc"],
+            buckets=_LATENCY_BUCKETS, registry=self.registry,
+        )  # fmt: skip
+        self.in_flight = Gauge(
+            "inference_rpcs_in_flight", "RPCs being served now.", ["rpc"], registry=self.registry
+        )
+        self.ttft = Histogram(
+            "inference_time_to_first_token_seconds",
+            "From a Generate request reaching the server to its first token.", ["model"],
+            buckets=_LATENCY_BUCKETS, registry=self.registry,
+        )  # fmt: skip
+        self.tokens = Counter(
+            "inference_tokens", "Tokens by model and kind: prompt, cached_prompt, completion.",
+            ["model", "kind"], registry=self.registry,
+        )  # fmt: skip
+        self.images = Counter(
+            "inference_images", "Images generated, by model and backend.", ["model", "backend"],
+            registry=self.registry,
+        )  # fmt: skip
+        self.registry.register(_PoolCollector(pool))
+        self._http: WSGIServer | None = None
+
+    def rpc_started(self, rpc: str) -> None:
+        self.in_flight.labels(rpc).inc()
+
+    def rpc_finished(self, rpc: str, code: str, seconds: float) -> None:
+        self.in_flight.labels(rpc).dec()
+        self.rpcs.labels(rpc, code).inc()
+        self.rpc_seconds.labels(rpc).observe(seconds)
+
+    def generation(self, finished: Finished, model: str) -> None:
+        usage = finished.usage
+        self.ttft.labels(model).observe(finished.timing.ttft_ms / 1000)
+        self.tokens.labels(model, "prompt").inc(usage.prompt_tokens)
+        self.tokens.labels(model, "cached_prompt").inc(usage.cached_prompt_tokens)
+        self.tokens.labels(model, "completion").inc(usage.completion_tokens)
+
+    def image(self, done: ImageDone) -> None:
+        self.images.labels(done.model, done.backend).inc()
+
+    def serve(self, listen: str) -> int:
+        """Serve /metrics on HOST:PORT; returns the bound port (PORT may be 0)."""
+        host, _, port = listen.rpartition(":")
+        self._http, _ = start_http_server(int(port), host, registry=self.registry)
+        return int(self._http.server_port)
+
+    def stop(self) -> None:
+        if self._http is not None:
+            self._http.shutdown()
+            self._http.server_close()
+            self._http = None
+
+
+class _PoolCollector(Collector):
+    def __init__(self, pool: ModelPool) -> None:
+        self._pool = pool
+
+    def collect(self) -> Iterator[Metric]:
+        pool = self._pool
+        loaded = GaugeMetricFamily(
+            "inference_model_memory_bytes",
+            "Estimated memory of each loaded model.",
+            labels=["model", "backend"],
+        )
+        for model in pool.loaded():
+            loaded.add_metric([model.name, model.backend.name], model.memory_bytes)
+        yield loaded
+        yield GaugeMetricFamily(
+            "inference_pool_used_bytes", "Memory the loaded models use.", pool.used_bytes()
+        )
+        yield GaugeMetricFamily(
+            "inference_pool_budget_bytes", "The pool's memory budget.", pool.limits.budget_bytes
+        )
+        yield _counter("inference_model_loads", "Model loads, by model.", Tally(pool.stats.loads))
+        yield _counter(
+            "inference_model_evictions", "Models unloaded to make room or after idling.",
+            Tally(pool.stats.evictions),
+        )  # fmt: skip
+
+
+def _counter(name: str, documentation: str, counts: Tally[str]) -> CounterMetricFamily:
+    family = CounterMetricFamily(name, documentation, labels=["model"])
+    for model, count in sorted(counts.items()):
+        family.add_metric([model], count)
+    return family

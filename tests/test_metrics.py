@@ -1,0 +1,50 @@
+"""Prometheus metrics on their own port, counting what the server did."""
+
+from __future__ import annotations
+
+import urllib.request
+
+import grpc
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from inference.v1 import inference_pb2 as pb
+from tests.conftest import SMOLLM, collect, make_settings, serving
+
+
+def scrape(port: int) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as response:
+        text = response.read().decode()
+    return {
+        (sample.name, tuple(sorted(sample.labels.items()))): sample.value
+        for family in text_string_to_metric_families(text)
+        for sample in family.samples
+    }
+
+
+def test_metrics_count_rpcs_tokens_and_the_pool() -> None:
+    with serving(make_settings(metrics_listen="127.0.0.1:0")) as (running, stub):
+        port = running.server.metrics_port
+        assert port
+        request = pb.GenerateRequest(prompt="Hello", max_tokens=3, temperature=0)
+        collect(stub.Generate(request))
+        with pytest.raises(grpc.RpcError):
+            collect(stub.Generate(pb.GenerateRequest(prompt="Hello", top_p=5)))
+        metrics = scrape(port)
+    model = (("model", SMOLLM),)
+    assert metrics[("inference_rpcs_total", (("code", "OK"), ("rpc", "Generate")))] == 1
+    invalid = (("code", "INVALID_ARGUMENT"), ("rpc", "Generate"))
+    assert metrics[("inference_rpcs_total", invalid)] == 1
+    assert metrics[("inference_tokens_total", (("kind", "completion"), *model))] == 3
+    assert metrics[("inference_tokens_total", (("kind", "prompt"), *model))] > 0
+    assert metrics[("inference_time_to_first_token_seconds_count", model)] == 1
+    assert metrics[("inference_rpcs_in_flight", (("rpc", "Generate"),))] == 0
+    assert metrics[("inference_model_loads_total", model)] == 1
+    memory = metrics[("inference_model_memory_bytes", (("backend", "llama.cpp"), *model))]
+    assert memory == metrics[("inference_pool_used_bytes", ())] > 0
+    assert metrics[("inference_pool_budget_bytes", ())] >= memory
+
+
+def test_metrics_are_off_unless_asked_for() -> None:
+    with serving(make_settings()) as (running, _):
+        assert running.server.metrics_port is None
