@@ -25,7 +25,8 @@ def test_generate_prints_text_then_a_summary(
 def test_generate_json_prints_one_event_per_line(
     server: RunningServer, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    code = main(["--target", server.target, "generate", "--json", "--max-tokens", "3", "Hello"])
+    argv = ["--target", server.target, "generate", "--json", "--temperature", "0"]
+    code = main([*argv, "--max-tokens", "3", "Hello"])
     lines = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
     assert code == 0
     assert "started" in lines[0]

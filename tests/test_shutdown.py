@@ -111,7 +111,7 @@ def test_log_is_json_lines_with_one_summary_per_rpc(server: ServerProcess) -> No
     with grpc.insecure_channel(server.wait_for_address()) as channel:
         _wait_until_serving(channel)
         stub = pb_grpc.InferenceStub(channel)
-        list(stub.Generate(pb.GenerateRequest(prompt="Hello", max_tokens=3)))
+        list(stub.Generate(pb.GenerateRequest(prompt="Hello", max_tokens=3, temperature=0)))
         with pytest.raises(grpc.RpcError):
             list(stub.Generate(pb.GenerateRequest(prompt="Hello", top_p=2.0)))
     server.process.send_signal(signal.SIGTERM)
