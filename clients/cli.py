@@ -3,6 +3,7 @@
 inference-client generate [--chat] [--model M] [--max-tokens N] PROMPT
 inference-client generate --json PROMPT    # one JSON object per stream event
 inference-client image PROMPT --out FILE.png [--model M] [--width W] [--height H]
+inference-client admit MODEL [--image]      # can the server serve it, and how
 inference-client models
 inference-client health
 """
@@ -104,6 +105,16 @@ def image(args: argparse.Namespace) -> int:
     return 0
 
 
+def admit(args: argparse.Namespace) -> int:
+    capability = pb.CAPABILITY_IMAGE if args.image else pb.CAPABILITY_TEXT
+    with grpc.insecure_channel(args.target) as channel:
+        reply = pb_grpc.InferenceStub(channel).Admit(
+            pb.AdmitRequest(model=args.model, capability=capability), timeout=args.timeout
+        )
+    print(json_format.MessageToJson(reply))
+    return 0 if reply.admitted else 1
+
+
 def models(args: argparse.Namespace) -> int:
     with grpc.insecure_channel(args.target) as channel:
         reply = pb_grpc.InferenceStub(channel).ListModels(
@@ -153,6 +164,13 @@ def build_parser() -> argparse.ArgumentParser:
     img.add_argument("--guidance", type=float)
     img.add_argument("--seed", type=int)
     img.set_defaults(run=image)
+
+    check_model = commands.add_parser(
+        "admit", help="ask whether a model can be served; exit 0 if so"
+    )
+    check_model.add_argument("model", help="a model name, a path under a models dir, or a hub repo")
+    check_model.add_argument("--image", action="store_true", help="ask about image generation")
+    check_model.set_defaults(run=admit)
 
     commands.add_parser("models", help="list the server's models").set_defaults(run=models)
 

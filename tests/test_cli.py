@@ -58,3 +58,14 @@ def test_health_exits_zero_when_serving(
 ) -> None:
     assert main(["--target", server.target, "health"]) == 0
     assert capsys.readouterr().out.strip() == "SERVING"
+
+
+def test_admit_prints_the_answer_and_exits_by_it(
+    server: RunningServer, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main(["--target", server.target, "admit", GEMMA]) == 0
+    answer = json.loads(capsys.readouterr().out)
+    assert answer["admitted"]
+    assert answer["quantization"]["method"] == "Q4_K_M"
+    assert main(["--target", server.target, "admit", "--image", GEMMA]) == 1
+    assert "text model" in json.loads(capsys.readouterr().out)["reason"]
