@@ -90,3 +90,17 @@ def test_limits_are_checked_before_the_model(stub: pb_grpc.InferenceStub) -> Non
         render(stub, steps=11)
     assert caught.value.code() == grpc.StatusCode.INVALID_ARGUMENT
     assert "[1, 10]" in (caught.value.details() or "")
+
+
+def test_cancelling_mid_denoise_leaves_the_pipeline_usable(stub: pb_grpc.InferenceStub) -> None:
+    call = stub.GenerateImage(
+        pb.GenerateImageRequest(model="tiny-sd", prompt="a cat", steps=10, seed=1)
+    )
+    assert next(call).progress.step == 1
+    call.cancel()
+    with pytest.raises(grpc.RpcError) as caught:
+        list(call)
+    assert caught.value.code() == grpc.StatusCode.CANCELLED
+    events = render(stub, seed=1, steps=2)
+    assert events[-1].image.width == 64
+    assert stub.Admit(pb.AdmitRequest(model="tiny-sd", capability=pb.CAPABILITY_IMAGE)).loaded

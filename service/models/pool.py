@@ -97,10 +97,6 @@ class Plan:
     evict: tuple[str, ...]  # idle models to unload, least recently used first
     blocked_by_busy: bool  # room exists only once busy models finish
 
-    @property
-    def loads_now(self) -> bool:
-        return self.fits_at_all and not self.blocked_by_busy
-
 
 @dataclass
 class PoolStats:
