@@ -237,7 +237,7 @@ def _parse_model_flag(text: str) -> tuple[str, str]:
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="inference-server",
-        description="Serve local language models over gRPC (package inference.v1).",
+        description="Serve local language and image models over gRPC (package inference.v1).",
         argument_default=argparse.SUPPRESS,  # only flags given on the command line count
     )
     parser.add_argument(
@@ -268,14 +268,16 @@ def build_parser() -> argparse.ArgumentParser:
                 help=f"{help_text}; repeatable.",
             )
             continue
-        choices = getattr(field.annotation, "__args__", None) if name.startswith("log_") else None
         default = field.get_default(call_default_factory=True)
-        parser.add_argument(
-            _flag(name),
-            dest=name,
-            choices=choices,
-            help=f"{help_text}; default: {default}.",
-        )
+        if default is not None and "default:" not in description:
+            help_text += f"; default: {default}"
+        if field.annotation is bool:
+            parser.add_argument(
+                _flag(name), dest=name, action=argparse.BooleanOptionalAction, help=help_text
+            )
+            continue
+        choices = getattr(field.annotation, "__args__", None) if name.startswith("log_") else None
+        parser.add_argument(_flag(name), dest=name, choices=choices, help=f"{help_text}.")
     return parser
 
 
