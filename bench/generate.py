@@ -150,9 +150,15 @@ def main() -> None:
     parser.add_argument("--max-tokens", type=int, default=64)
     parser.add_argument("--context-size", type=int, default=4096)
     parser.add_argument("--concurrent", type=int, default=4)
+    parser.add_argument("--model-path", type=Path, help="any GGUF file instead of --model")
+    parser.add_argument("--gpu-layers", type=int, default=0, help="offload to a GPU build")
     args = parser.parse_args()
     threads = available_cores()
-    path = EMBEDDED_MODELS[args.model].locate()
+    path = args.model_path or EMBEDDED_MODELS[args.model].locate()
+    server_flags = ["--gpu-layers", str(args.gpu_layers), "--context-size", str(args.context_size)]
+    if args.model_path:
+        args.model = "bench"
+        server_flags += ["--model", f"bench={path}"]
 
     before = rss_mib(os.getpid())
     llama = Llama(
@@ -160,6 +166,7 @@ def main() -> None:
         n_ctx=args.context_size,
         n_threads=threads,
         n_threads_batch=threads,
+        n_gpu_layers=args.gpu_layers,
         verbose=False,
     )
     raw_rss = rss_mib(os.getpid()) - before
@@ -168,7 +175,7 @@ def main() -> None:
     raw: list[Run] = []
     served: list[Run] = []
     with (
-        running_server(args.model, threads) as (address, pid),
+        running_server(args.model, threads, server_flags) as (address, pid),
         grpc.insecure_channel(address) as ch,
     ):
         stub = pb_grpc.InferenceStub(ch)
@@ -183,7 +190,7 @@ def main() -> None:
 
     print(
         f"model {args.model}  prompt {prompt_tokens} tokens  max_tokens {args.max_tokens}  "
-        f"threads {threads}  runs {args.runs} (medians)"
+        f"threads {threads}  gpu layers {args.gpu_layers}  runs {args.runs} (medians)"
     )
     print(f"{'':28}{'raw llama-cpp':>14}{'service':>12}{'service/raw':>13}")
     for label, field in [

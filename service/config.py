@@ -53,6 +53,9 @@ class ModelConfig(BaseModel):
     threads: int | None = Field(
         default=None, gt=0, description="Threads for this model; default: the server's."
     )
+    gpu_layers: int | None = Field(
+        default=None, description="Layers to offload to the GPU; default: the server's."
+    )
     chat_template: str | None = Field(
         default=None,
         description="A Jinja chat template that replaces (or supplies) the model's own.",
@@ -149,6 +152,11 @@ class Settings(BaseSettings):
         default_factory=available_cores,
         gt=0,
         description="CPU threads per model for decoding and prompt evaluation.",
+    )
+    gpu_layers: int = Field(
+        default=-1,
+        description="Layers of a GGUF model to offload to the GPU when llama.cpp was built "
+        "with one (-1: all, 0: none); a CPU-only build ignores it.",
     )
     context_size: int = Field(
         default=4096,

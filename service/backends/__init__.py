@@ -21,7 +21,9 @@ def load_backend(spec: ModelSpec, source: ModelSource, backend: str) -> TextBack
     if backend == LLAMA_CPP:
         from service.backends.llama_cpp import LlamaCppBackend, LlamaCppOptions
 
-        options = LlamaCppOptions(context_size=spec.context_size, threads=spec.threads)
+        options = LlamaCppOptions(
+            context_size=spec.context_size, threads=spec.threads, gpu_layers=spec.gpu_layers
+        )
         return LlamaCppBackend(source.path, options)
     if backend == MLX_LM:
         from service.backends.mlx_lm import MlxLmBackend, MlxLmOptions

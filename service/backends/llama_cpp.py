@@ -71,6 +71,7 @@ llama_cpp.llama_log_set(_forward_native_log, ctypes.c_void_p(0))
 class LlamaCppOptions:
     context_size: int
     threads: int
+    gpu_layers: int = -1
     batch_size: int = 512
 
 
@@ -82,6 +83,7 @@ def _load(path: Path, options: LlamaCppOptions, context_size: int) -> llama_cpp.
             n_batch=options.batch_size,
             n_threads=options.threads,
             n_threads_batch=options.threads,
+            n_gpu_layers=options.gpu_layers,
             verbose=False,
         )
     except ValueError as exc:  # llama-cpp-python's way of saying "load failed"

@@ -23,6 +23,7 @@ class ModelSpec:
     locate: Callable[[], ModelSource]
     context_size: int
     threads: int
+    gpu_layers: int = -1
     chat_template: str | None = None
     configured: bool = True
     source: str = ""  # the reference as configured or requested
@@ -60,6 +61,7 @@ class Catalog:
             locate=lambda: source,
             context_size=self._settings.context_size,
             threads=self._settings.threads,
+            gpu_layers=self._settings.gpu_layers,
             configured=False,
             source=name,
         )
@@ -71,6 +73,7 @@ class Catalog:
             locate=lambda: ModelSource("gguf", embedded.locate()),
             context_size=self._settings.context_size,
             threads=self._settings.threads,
+            gpu_layers=self._settings.gpu_layers,
         )
 
     def _configured_spec(self, name: str, config: ModelConfig) -> ModelSpec:
@@ -80,6 +83,9 @@ class Catalog:
             locate=lambda: self._resolver.resolve(config.source, trusted=True),
             context_size=config.context_size or self._settings.context_size,
             threads=config.threads or self._settings.threads,
+            gpu_layers=self._settings.gpu_layers
+            if config.gpu_layers is None
+            else config.gpu_layers,
             chat_template=config.chat_template,
             source=config.source,
             backend=config.backend,
