@@ -8,7 +8,6 @@
     ├── Overloaded            RESOURCE_EXHAUSTED   no room to serve it now
     ├── Unavailable           UNAVAILABLE          try again: the model is being reloaded
     ├── TimedOut              DEADLINE_EXCEEDED    a server-side time limit passed
-    ├── NotImplementedYet     UNIMPLEMENTED        an RPC this build does not serve
     └── BackendFailure        INTERNAL             the model library failed
 
 Code raises these; `service.rpc` turns them into statuses in one place. Any
@@ -58,10 +57,6 @@ class Unavailable(ServiceError):
 
 class TimedOut(ServiceError):
     code = grpc.StatusCode.DEADLINE_EXCEEDED
-
-
-class NotImplementedYet(ServiceError):
-    code = grpc.StatusCode.UNIMPLEMENTED
 
 
 class BackendFailure(ServiceError):

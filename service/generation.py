@@ -119,10 +119,6 @@ class GenerationRequest:
         request.validate()
         return request
 
-    @property
-    def is_chat(self) -> bool:
-        return bool(self.messages)
-
     def validate(self) -> None:
         if self.prompt is not None and self.messages:
             raise InvalidRequest("set either `prompt` or `messages`, not both")

@@ -60,7 +60,6 @@ class LoadedModel:
     worker: ModelWorker
     memory_bytes: int
     capability: Capability
-    loaded_at: float = field(default_factory=time.time)
     last_used: float = field(default_factory=time.time)
     active_requests: int = 0
     # Set when the backend failed mid-request; the model is then out of the pool.
