@@ -168,6 +168,26 @@ class Settings(BaseSettings):
         gt=0,
         description="Token budget of a request that does not set max_tokens.",
     )
+    parallel_sequences: int = Field(
+        default=8,
+        ge=1,
+        le=128,
+        description="Generations of one text model decoded together in each step "
+        "(llama.cpp batches them; other backends run one at a time).",
+    )
+    max_waiting_sequences: int = Field(
+        default=64,
+        ge=0,
+        description="Generations that may wait for a place in a model's batch; beyond "
+        "that a request gets RESOURCE_EXHAUSTED at once.",
+    )
+    cached_sequences: int = Field(
+        default=8,
+        ge=0,
+        le=128,
+        description="Finished conversations whose KV cache a llama.cpp model keeps, so "
+        "that the next turn evaluates only its new tokens.",
+    )
     max_decode_seconds: float = Field(
         default=300.0,
         gt=0,

@@ -47,6 +47,7 @@ def build_pool(settings: Settings) -> ModelPool:
         max_models=settings.max_loaded_models,
         keep_alive=settings.keep_alive,
         load_wait=settings.load_wait,
+        max_waiting_sequences=settings.max_waiting_sequences,
     )
 
     def admit(source: ModelSource, capability: Capability) -> Decision:

@@ -1,7 +1,8 @@
 """Serving one Generate request: pick the model, build the prompt, decode.
 
 All model work (tokenizing, templating, decoding) runs on the model's worker
-thread; this module only sequences it and relays events to the servicer.
+thread; this module only sequences it and relays events to the servicer. The
+model's scheduler decodes this request in one batch with the others.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ from dataclasses import dataclass
 from service.backends.base import TextBackend
 from service.chat_template import render_chat
 from service.config import Settings
-from service.decode.loop import DecodePlan, decode, fit_max_tokens
+from service.decode.loop import DecodePlan, fit_max_tokens
 from service.generation import GenerationEvent, GenerationRequest, Started
 from service.models.pool import LoadedModel, ModelPool
 
@@ -34,10 +35,7 @@ class TextGenerator:
         async with self._pool.use(request.model) as model:
             prepared = await model.worker.call(lambda: self._prepare(model, request))
             yield prepared.started
-            events = model.worker.stream(
-                lambda cancelled: decode(model.text, prepared.plan, cancelled, received_at)
-            )
-            async for event in events:
+            async for event in model.decoder.stream(prepared.plan, received_at):
                 yield event
 
     def _prepare(self, model: LoadedModel, request: GenerationRequest) -> _Prepared:

@@ -22,7 +22,11 @@ def load_backend(spec: ModelSpec, source: ModelSource, backend: str) -> TextBack
         from service.backends.llama_cpp import LlamaCppBackend, LlamaCppOptions
 
         options = LlamaCppOptions(
-            context_size=spec.context_size, threads=spec.threads, gpu_layers=spec.gpu_layers
+            context_size=spec.context_size,
+            threads=spec.threads,
+            gpu_layers=spec.gpu_layers,
+            max_sequences=spec.parallel_sequences,
+            cached_sequences=spec.cached_sequences,
         )
         return LlamaCppBackend(source.path, options)
     if backend == MLX_LM:

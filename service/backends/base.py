@@ -4,13 +4,20 @@ A backend wraps one loaded model of one library. Its methods are small and
 synchronous; they run on the worker thread that owns the model, never on the
 event loop. Sampling happens inside the backend (each library samples on its
 own logits), with parameters the shared loop resolved and validated.
+
+Backends produce tokens in one of two ways:
+- `BatchingBackend` advances many sequences together, one step at a time
+  (llama.cpp decodes them in one batch);
+- `StreamingBackend` produces the tokens of one request as a generator
+  (mlx-lm's generate_step); the scheduler runs such a backend one request
+  at a time.
 """
 
 from __future__ import annotations
 
 from collections.abc import Generator, Sequence
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Protocol, runtime_checkable
 
 from service.generation import SamplingDefaults, SamplingParams
 
@@ -25,6 +32,23 @@ class TokenStream:
 
     cached_prompt_tokens: int
     tokens: Generator[int, None, None]
+
+
+@dataclass(frozen=True)
+class SequenceRequest:
+    """What a batching backend needs to start one sequence."""
+
+    prompt_ids: tuple[int, ...]
+    sampling: SamplingParams
+    # Tokens the sequence may still generate; the backend reserves room for them.
+    max_tokens: int
+
+
+class ActiveSequence(Protocol):
+    @property
+    def cached_prompt_tokens(self) -> int:
+        """Prompt tokens reused from the cache instead of evaluated again."""
+        ...
 
 
 def common_prefix_length(cached: Sequence[int], prompt: Sequence[int]) -> int:
@@ -71,8 +95,41 @@ class TextBackend(Protocol):
 
     def token_bytes(self, token_id: int) -> bytes: ...
 
+    def close(self) -> None: ...
+
+
+@runtime_checkable
+class StreamingBackend(TextBackend, Protocol):
     def generate(self, prompt_ids: Sequence[int], sampling: SamplingParams) -> TokenStream:
         """Start generating after `prompt_ids`; nothing runs until iterated."""
         ...
 
-    def close(self) -> None: ...
+
+class SequenceStepper(Protocol):
+    """Advances running sequences together, one scheduler step at a time."""
+
+    @property
+    def max_sequences(self) -> int:
+        """How many sequences one step may advance together."""
+        ...
+
+    def start(self, request: SequenceRequest) -> ActiveSequence | None:
+        """Claim cache room for a new sequence, or None when there is none now."""
+        ...
+
+    def step(self, sequences: Sequence[ActiveSequence]) -> list[int | None]:
+        """Advance every sequence by one scheduler step.
+
+        Returns, per sequence, the token it sampled, or None while its prompt
+        is still being evaluated (long prompts take several steps).
+        """
+        ...
+
+    def finish(self, sequence: ActiveSequence) -> None:
+        """Release the sequence; what it evaluated may stay cached for the next one."""
+        ...
+
+
+@runtime_checkable
+class BatchingBackend(TextBackend, SequenceStepper, Protocol):
+    """A backend that decodes several sequences in one batch (llama.cpp)."""

@@ -1,21 +1,36 @@
-"""The llama.cpp backend (llama-cpp-python) for GGUF files."""
+"""The llama.cpp backend (llama-cpp-python) for GGUF files.
+
+Concurrent requests to one model decode together: every scheduler step
+evaluates one batch holding the next token of each running sequence and
+chunks of the prompts still being read. The context's KV cache is unified:
+its cells are shared by all sequences, each under its own sequence id, and a
+finished sequence's tokens stay cached for the next request that extends
+them (see `kv_slots`).
+
+llama-cpp-python's low-level names change between releases; pyproject pins
+the version and tests/test_llama_batching.py exercises each name used here.
+"""
 
 from __future__ import annotations
 
 import ctypes
 import threading
-from collections.abc import Generator, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
 import llama_cpp
 import structlog
+from llama_cpp._internals import LlamaContext, LlamaModel
 
-from service.backends.base import TokenStream, common_prefix_length
+from service.backends.base import ActiveSequence, SequenceRequest
+from service.backends.kv_slots import Placement, Slot, SlotTable
+from service.backends.llama_batch import Batch, Chunk
+from service.backends.llama_sampling import SamplerChain
 from service.errors import BackendFailure
-from service.generation import SamplingDefaults, SamplingParams
+from service.generation import SamplingDefaults
 
 BACKEND_NAME = "llama.cpp"
 
@@ -73,35 +88,66 @@ class LlamaCppOptions:
     threads: int
     gpu_layers: int = -1
     batch_size: int = 512
+    # Sequences decoded together in one step.
+    max_sequences: int = 8
+    # Finished conversations kept in the cache beside the running ones.
+    cached_sequences: int = 8
+    # While other sequences decode, the most prompt tokens a step evaluates, so
+    # that a long newcomer prompt does not stall their streams.
+    prefill_chunk: int = 128
 
 
-def _load(path: Path, options: LlamaCppOptions, context_size: int) -> llama_cpp.Llama:
+def _load_model(path: Path, options: LlamaCppOptions) -> LlamaModel:
+    params = llama_cpp.llama_model_default_params()
+    params.n_gpu_layers = options.gpu_layers
     try:
-        return llama_cpp.Llama(
-            model_path=str(path),
-            n_ctx=context_size,
-            n_batch=options.batch_size,
-            n_threads=options.threads,
-            n_threads_batch=options.threads,
-            n_gpu_layers=options.gpu_layers,
-            verbose=False,
-        )
+        return LlamaModel(path_model=str(path), params=params, verbose=False)
     except ValueError as exc:  # llama-cpp-python's way of saying "load failed"
         raise BackendFailure(f"llama.cpp could not load {path.name}: {exc}") from exc
+
+
+def _new_context(model: LlamaModel, options: LlamaCppOptions, size: int) -> LlamaContext:
+    params = llama_cpp.llama_context_default_params()
+    params.n_ctx = size
+    params.n_batch = params.n_ubatch = options.batch_size
+    params.n_seq_max = options.max_sequences + options.cached_sequences
+    params.n_threads = params.n_threads_batch = options.threads
+    # One pool of cells for every sequence, so a prefix can be shared between them.
+    params.kv_unified = True
+    # Keep sliding-window layers' full history, so a cached prefix can be trimmed.
+    params.swa_full = True
+    try:
+        return LlamaContext(model=model, params=params, verbose=False)
+    except ValueError as exc:
+        raise BackendFailure(f"llama.cpp could not create a context: {exc}") from exc
+
+
+@dataclass(eq=False)
+class LlamaSequence:
+    slot: Slot
+    sampler: SamplerChain
+    cached_prompt_tokens: int
+    # Tokens to evaluate next: what is left of the prompt, then the last sample.
+    pending: list[int]
+    decoding: bool = False
 
 
 class LlamaCppBackend:
     """One GGUF model loaded with llama.cpp. Not thread-safe: one worker owns it."""
 
     def __init__(self, path: Path, options: LlamaCppOptions) -> None:
-        self._llama = _load(path, options, options.context_size)
-        trained = self._llama._model.n_ctx_train()
-        if 0 < trained < options.context_size:
-            # A window beyond the trained one gives garbage; reload at the trained size.
-            self._llama.close()
-            self._llama = _load(path, options, trained)
-        self._vocab = llama_cpp.llama_model_get_vocab(self._llama.model)
-        self._metadata: dict[str, str] = dict(self._llama.metadata)
+        self._options = options
+        self._model = _load_model(path, options)
+        trained = self._model.n_ctx_train()
+        # A window beyond the trained one gives garbage.
+        size = min(options.context_size, trained) if trained > 0 else options.context_size
+        self._context = _new_context(self._model, options, size)
+        self._memory = llama_cpp.llama_get_memory(self._context.ctx)
+        self._vocab = self._model.vocab
+        self._n_vocab = self._model.n_vocab()
+        self._metadata: dict[str, str] = self._model.metadata()
+        self._slots = SlotTable(slots=llama_cpp.llama_n_seq_max(self._context.ctx), capacity=size)
+        self._batch = Batch(options.batch_size)
         self._piece_buffer = ctypes.create_string_buffer(256)
         self._closed = threading.Event()
         self._fault_after: int | None = None
@@ -112,7 +158,11 @@ class LlamaCppBackend:
 
     @property
     def context_length(self) -> int:
-        return int(self._llama.n_ctx())
+        return int(self._context.n_ctx())
+
+    @property
+    def max_sequences(self) -> int:
+        return self._options.max_sequences
 
     @property
     def chat_template(self) -> str | None:
@@ -121,8 +171,8 @@ class LlamaCppBackend:
     @property
     def template_tokens(self) -> dict[str, str]:
         return {
-            "bos_token": self._token_text(self._llama.token_bos()),
-            "eos_token": self._token_text(self._llama.token_eos()),
+            "bos_token": self._token_text(self._model.token_bos()),
+            "eos_token": self._token_text(self._model.token_eos()),
         }
 
     @property
@@ -140,7 +190,7 @@ class LlamaCppBackend:
         return SamplingDefaults(**found)
 
     def tokenize(self, text: str, *, add_bos: bool) -> list[int]:
-        ids = self._llama.tokenize(text.encode("utf-8"), add_bos=add_bos, special=True)
+        ids = self._model.tokenize(text.encode("utf-8"), add_bos=add_bos, special=True)
         return [int(token) for token in ids]
 
     def token_bytes(self, token_id: int) -> bytes:
@@ -151,55 +201,99 @@ class LlamaCppBackend:
             size = llama_cpp.llama_token_to_piece(self._vocab, token_id, buffer, -size, 0, False)
         return buffer.raw[:size]
 
-    def generate(self, prompt_ids: Sequence[int], sampling: SamplingParams) -> TokenStream:
-        reused = self._reuse_cached_prefix(prompt_ids)
-        return TokenStream(
-            cached_prompt_tokens=reused,
-            tokens=self._sample(list(prompt_ids[reused:]), sampling),
+    # --- batched decoding -----------------------------------------------------------
+
+    def start(self, request: SequenceRequest) -> LlamaSequence | None:
+        prompt = request.prompt_ids
+        placement = self._slots.place(prompt, request.max_tokens)
+        if placement is None:
+            return None
+        placement = self._arrange_cache(placement)
+        self._slots.occupy(placement, len(prompt), request.max_tokens)
+        return LlamaSequence(
+            slot=placement.slot,
+            sampler=SamplerChain(request.sampling, prompt, self._n_vocab),
+            cached_prompt_tokens=placement.reuse,
+            pending=list(prompt[placement.reuse :]),
         )
+
+    def step(self, sequences: Sequence[ActiveSequence]) -> list[int | None]:
+        own = [_own(sequence) for sequence in sequences]
+        chunks = self._plan_step(own)
+        outputs = self._batch.decode(self._context.ctx, list(chunks.values()))
+        sampled: dict[int, int] = {}
+        for (sequence, chunk), output in zip(chunks.items(), outputs, strict=True):
+            sequence.slot.tokens.extend(chunk.tokens)
+            del sequence.pending[: len(chunk.tokens)]
+            if output >= 0:
+                token = sequence.sampler.sample(self._context.ctx, output)
+                sequence.pending, sequence.decoding = [token], True
+                sampled[id(sequence)] = token
+        self._count_down_fault(len(sampled))
+        return [sampled.get(id(sequence)) for sequence in own]
+
+    def finish(self, sequence: ActiveSequence) -> None:
+        own = _own(sequence)
+        own.sampler.close()
+        self._slots.release(own.slot)
 
     def close(self) -> None:
         if not self._closed.is_set():
             self._closed.set()
-            self._llama.close()
+            self._batch.close()
+            self._context.close()
+            self._model.close()
 
     def inject_fault(self, after_tokens: int) -> None:
-        """Test hook: fail the next generation after `after_tokens` tokens, as a crashed
-        forward pass would. It exercises the real recovery path (the pool discards
-        the model and loads it afresh) without a fake backend."""
+        """Test hook: fail a step once `after_tokens` more tokens were sampled, as a
+        crashed forward pass would. It exercises the real recovery path (the pool
+        discards the model and loads it afresh) without a fake backend."""
         self._fault_after = after_tokens
 
-    def _sample(self, new_ids: list[int], sampling: SamplingParams) -> Generator[int, None, None]:
-        self._llama.set_seed(sampling.seed)
-        fault_after, self._fault_after = self._fault_after, None
-        tokens = self._llama.generate(
-            new_ids,
-            reset=False,  # _reuse_cached_prefix already positioned the cache
-            temp=sampling.temperature,
-            top_p=sampling.top_p,
-            top_k=sampling.top_k,
-            min_p=sampling.min_p,
-            repeat_penalty=sampling.repeat_penalty,
-        )
-        for count, token in enumerate(tokens):
-            if count == fault_after:
-                raise RuntimeError("injected fault: llama.cpp forward pass failed")
-            yield token
+    def _count_down_fault(self, sampled: int) -> None:
+        if self._fault_after is None:
+            return
+        self._fault_after -= sampled
+        if self._fault_after <= 0:
+            self._fault_after = None
+            raise RuntimeError("injected fault: llama.cpp forward pass failed")
 
-    def _reuse_cached_prefix(self, prompt_ids: Sequence[int]) -> int:
-        """Keep the longest cached prefix of the prompt; return its length.
+    def _plan_step(self, sequences: list[LlamaSequence]) -> dict[LlamaSequence, Chunk]:
+        """This step's chunk per sequence: one token for each decoding sequence
+        first, then prompt chunks in arrival order with what room is left."""
+        decoding = [sequence for sequence in sequences if sequence.decoding]
+        room = self._batch.capacity - len(decoding)
+        if decoding:
+            room = min(room, self._options.prefill_chunk)
+        chunks: dict[LlamaSequence, Chunk] = {}
+        for sequence in sequences:
+            take = 1 if sequence.decoding else min(len(sequence.pending), room)
+            if take == 0:
+                continue
+            if not sequence.decoding:
+                room -= take
+            tokens = sequence.pending[:take]
+            chunks[sequence] = Chunk(
+                seq_id=sequence.slot.seq_id,
+                start=len(sequence.slot.tokens),
+                tokens=tokens,
+                wants_logits=take == len(sequence.pending),
+            )
+        return chunks
 
-        At least one prompt token is always evaluated again, so that the
-        logits the first sample reads belong to this prompt.
-        """
-        llama = self._llama
-        cached = llama.input_ids[: llama.n_tokens].tolist()
-        common = common_prefix_length(cached, prompt_ids[:-1])
-        if common > 0 and llama._ctx.kv_cache_seq_rm(-1, common, -1):
-            llama.n_tokens = common
-            return common
-        llama.reset()  # eval() then clears the whole cache from position 0
-        return 0
+    def _arrange_cache(self, placement: Placement) -> Placement:
+        """Carry out a placement on the KV cache; the placement as it turned out."""
+        memory, slot = self._memory, placement.slot
+        for victim in placement.evict:
+            llama_cpp.llama_memory_seq_rm(memory, victim.seq_id, -1, -1)
+        if not llama_cpp.llama_memory_seq_rm(memory, slot.seq_id, placement.keep, -1):
+            # This cache cannot drop a partial sequence (a recurrent state): start over.
+            llama_cpp.llama_memory_seq_rm(memory, slot.seq_id, -1, -1)
+            return replace(placement, keep=0, copy_from=None, reuse=0)
+        if placement.copy_from is not None:
+            source = placement.copy_from.seq_id
+            llama_cpp.llama_memory_seq_cp(memory, source, slot.seq_id, 0, placement.reuse)
+        return placement
 
     def _token_text(self, token_id: int) -> str:
         if token_id < 0:
@@ -207,3 +301,8 @@ class LlamaCppBackend:
         return bytes(llama_cpp.llama_vocab_get_text(self._vocab, token_id)).decode(
             "utf-8", errors="replace"
         )
+
+
+def _own(sequence: ActiveSequence) -> LlamaSequence:
+    assert isinstance(sequence, LlamaSequence), "a sequence started by another backend"
+    return sequence

@@ -1,13 +1,14 @@
-"""The decode loop shared by every text backend.
+"""The per-request half of the decode loop shared by every text backend.
 
 `plan_decode` checks that a prompt fits the context window and fixes the
-length budget; `decode` drives a backend's token stream and owns everything
-that must behave the same whatever library runs the model: end-of-generation
-tokens, stop sequences, max_tokens, the wall-clock ceiling, cancellation,
-time-to-first-token and usage counts.
+length budget. `SequenceDecoder` owns everything about one request that must
+behave the same whatever library runs the model: end-of-generation tokens,
+stop sequences, max_tokens, the wall-clock ceiling, time-to-first-token and
+usage counts. The scheduler (`service.decode.scheduler`) feeds it the tokens a
+backend sampled, one at a time; `decode` does the same for a single request
+on a streaming backend.
 
-It runs on the model's worker thread and yields `Delta` events, then one
-`Finished` event (none when cancelled: nobody is listening any more).
+Everything here runs on the model's worker thread.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 
-from service.backends.base import TextBackend
+from service.backends.base import StreamingBackend, TextBackend
 from service.decode.text import Released, TextAssembler
 from service.errors import InvalidRequest
 from service.generation import (
@@ -28,6 +29,8 @@ from service.generation import (
     Timing,
     Usage,
 )
+
+DecodeEvent = Delta | Finished
 
 
 @dataclass(frozen=True)
@@ -83,56 +86,92 @@ class _Progress:
         )
 
 
+class SequenceDecoder:
+    """Turns one request's sampled tokens into events, and decides when it ends.
+
+    Created when the request gets a place in the batch (so `queue_ms` counts
+    the wait before it); `push` takes each sampled token and returns the events
+    to send, the last of them `Finished` once the request is done.
+    """
+
+    def __init__(
+        self, backend: TextBackend, plan: DecodePlan, received_at: float, cached_prompt_tokens: int
+    ) -> None:
+        self._backend = backend
+        self._plan = plan
+        self._cached = cached_prompt_tokens
+        self._progress = _Progress(received_at=received_at, started_at=time.monotonic())
+        limit = plan.time_limit_s
+        self._deadline = None if limit is None else self._progress.started_at + limit
+        self._assembler = TextAssembler(plan.stop)
+        self.done = False
+
+    def push(self, token: int) -> list[DecodeEvent]:
+        now = time.monotonic()
+        progress = self._progress
+        if progress.first_token_at is None:
+            progress.first_token_at = now
+        if self._backend.is_end_of_generation(token):
+            return self.finish(FinishReason.END_OF_TURN)
+        progress.completion_tokens += 1
+        released = self._assembler.push(token, self._backend.token_bytes(token))
+        events: list[DecodeEvent] = list(_delta(released))
+        if released.stop_sequence is not None:
+            return events + self.finish(FinishReason.STOP_SEQUENCE, released.stop_sequence)
+        if progress.completion_tokens >= self._plan.max_tokens:
+            return events + self.finish(FinishReason.LENGTH)
+        if self._deadline is not None and now >= self._deadline:
+            return events + self.finish(FinishReason.TIME_LIMIT)
+        return events
+
+    def finish(self, reason: FinishReason, stop_sequence: str = "") -> list[DecodeEvent]:
+        self.done = True
+        events: list[DecodeEvent] = []
+        if reason is not FinishReason.STOP_SEQUENCE:
+            events.extend(_delta(self._assembler.flush()))
+        usage = Usage(
+            prompt_tokens=len(self._plan.prompt_ids),
+            completion_tokens=self._progress.completion_tokens,
+            cached_prompt_tokens=self._cached,
+        )
+        events.append(
+            Finished(
+                finish_reason=reason,
+                stop_sequence=stop_sequence,
+                usage=usage,
+                timing=self._progress.timing(time.monotonic()),
+                seed=self._plan.sampling.seed,
+            )
+        )
+        return events
+
+
 def _delta(released: Released) -> Iterator[Delta]:
     if released.text:
         yield Delta(released.text, released.token_ids)
 
 
 def decode(
-    backend: TextBackend,
+    backend: StreamingBackend,
     plan: DecodePlan,
     cancelled: threading.Event,
     received_at: float,
-) -> Iterator[Delta | Finished]:
-    """Run one generation; `received_at` is when the request reached the server."""
-    progress = _Progress(received_at=received_at, started_at=time.monotonic())
-    deadline = None if plan.time_limit_s is None else progress.started_at + plan.time_limit_s
-    assembler = TextAssembler(plan.stop)
+) -> Iterator[DecodeEvent]:
+    """Run one generation on a streaming backend, alone.
+
+    Yields `Delta` events, then one `Finished` (none when cancelled: nobody
+    is listening any more). `received_at` is when the request reached the server.
+    """
     stream = backend.generate(plan.prompt_ids, plan.sampling)
-    reason, stop_sequence = FinishReason.LENGTH, ""
+    decoder = SequenceDecoder(backend, plan, received_at, stream.cached_prompt_tokens)
     try:
         for token in stream.tokens:
-            now = time.monotonic()
-            if progress.first_token_at is None:
-                progress.first_token_at = now
             if cancelled.is_set():
                 return
-            if backend.is_end_of_generation(token):
-                reason = FinishReason.END_OF_TURN
-                break
-            progress.completion_tokens += 1
-            released = assembler.push(token, backend.token_bytes(token))
-            yield from _delta(released)
-            if released.stop_sequence is not None:
-                reason, stop_sequence = FinishReason.STOP_SEQUENCE, released.stop_sequence
-                break
-            if progress.completion_tokens >= plan.max_tokens:
-                break
-            if deadline is not None and now >= deadline:
-                reason = FinishReason.TIME_LIMIT
-                break
+            yield from decoder.push(token)
+            if decoder.done:
+                return
+        # A stream that ends on its own has nothing more to say: the budget is spent.
+        yield from decoder.finish(FinishReason.LENGTH)
     finally:
         stream.tokens.close()
-    if reason is not FinishReason.STOP_SEQUENCE:
-        yield from _delta(assembler.flush())
-    yield Finished(
-        finish_reason=reason,
-        stop_sequence=stop_sequence,
-        usage=Usage(
-            prompt_tokens=len(plan.prompt_ids),
-            completion_tokens=progress.completion_tokens,
-            cached_prompt_tokens=stream.cached_prompt_tokens,
-        ),
-        timing=progress.timing(time.monotonic()),
-        seed=plan.sampling.seed,
-    )

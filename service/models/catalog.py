@@ -24,6 +24,9 @@ class ModelSpec:
     context_size: int
     threads: int
     gpu_layers: int = -1
+    # Generations of this model decoded together, and finished ones kept cached.
+    parallel_sequences: int = 8
+    cached_sequences: int = 8
     chat_template: str | None = None
     configured: bool = True
     source: str = ""  # the reference as configured or requested
@@ -62,6 +65,8 @@ class Catalog:
             context_size=self._settings.context_size,
             threads=self._settings.threads,
             gpu_layers=self._settings.gpu_layers,
+            parallel_sequences=self._settings.parallel_sequences,
+            cached_sequences=self._settings.cached_sequences,
             configured=False,
             source=name,
         )
@@ -74,6 +79,8 @@ class Catalog:
             context_size=self._settings.context_size,
             threads=self._settings.threads,
             gpu_layers=self._settings.gpu_layers,
+            parallel_sequences=self._settings.parallel_sequences,
+            cached_sequences=self._settings.cached_sequences,
         )
 
     def _configured_spec(self, name: str, config: ModelConfig) -> ModelSpec:
@@ -88,6 +95,8 @@ class Catalog:
             else config.gpu_layers,
             chat_template=config.chat_template,
             source=config.source,
+            parallel_sequences=self._settings.parallel_sequences,
+            cached_sequences=self._settings.cached_sequences,
             backend=config.backend,
             base_model=config.base_model,
         )

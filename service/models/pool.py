@@ -25,6 +25,7 @@ import structlog
 
 from service.admission import Capability, Decision
 from service.backends.base import TextBackend
+from service.decode.scheduler import DecodeScheduler
 from service.errors import (
     BackendFailure,
     NotSupported,
@@ -51,6 +52,8 @@ class PoolLimits:
     max_models: int | None = None
     keep_alive: float = 0.0  # seconds; 0 keeps idle models until evicted
     load_wait: float = 30.0
+    # Generations that may wait for a place in a text model's batch.
+    max_waiting_sequences: int = 64
 
 
 @dataclass
@@ -64,6 +67,8 @@ class LoadedModel:
     active_requests: int = 0
     # Set when the backend failed mid-request; the model is then out of the pool.
     broken: bool = False
+    # A text model's decode loop, batching its concurrent generations.
+    scheduler: DecodeScheduler | None = None
 
     @property
     def name(self) -> str:
@@ -79,6 +84,12 @@ class LoadedModel:
         if self.capability is not Capability.TEXT:
             raise NotSupported(f"model {self.name!r} generates images; call GenerateImage")
         return cast(TextBackend, self.backend)
+
+    @property
+    def decoder(self) -> DecodeScheduler:
+        if self.scheduler is None:
+            raise NotSupported(f"model {self.name!r} generates images; call GenerateImage")
+        return self.scheduler
 
     @property
     def image(self) -> ImageBackend:
@@ -221,6 +232,9 @@ class ModelPool:
             worker.shutdown()
             raise
         model = LoadedModel(spec, backend, worker, memory_bytes=need, capability=capability)
+        if capability is Capability.TEXT:
+            text = cast(TextBackend, backend)
+            model.scheduler = DecodeScheduler(text, worker, self.limits.max_waiting_sequences)
         self._loaded[spec.name] = model
         self.stats.loads[spec.name] = self.stats.loads.get(spec.name, 0) + 1
         log.info("model loaded", model=spec.name, backend=backend.name, memory=format_bytes(need))

@@ -1,0 +1,128 @@
+"""Which cached sequence a new request reuses, and what must be evicted for it.
+
+A llama.cpp context with a unified KV cache holds several sequences, each
+under a sequence id ("slot"). A slot keeps the tokens it evaluated after its
+request finishes, so the next request whose prompt extends them evaluates
+only the new suffix (a multi-turn chat resends the whole conversation).
+
+The table is pure bookkeeping; the backend carries out its placements on the
+real cache. Room is counted conservatively: every slot's tokens, plus the
+tokens each running sequence may still add (its prompt and max_tokens), must
+fit the cache. Tokens shared between slots are counted once per slot, so the
+table may make a request wait that would have fitted, never the reverse.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from service.backends.base import common_prefix_length
+
+_clock = itertools.count()
+
+
+@dataclass(eq=False)
+class Slot:
+    seq_id: int
+    # The tokens the cache holds for this sequence id, position 0 on.
+    tokens: list[int] = field(default_factory=list)
+    # While a request runs here: the most tokens it may hold when done.
+    reserved: int | None = None
+    last_used: int = 0
+
+    @property
+    def busy(self) -> bool:
+        return self.reserved is not None
+
+    @property
+    def charged(self) -> int:
+        """Cache cells this slot is counted for."""
+        return max(self.reserved or 0, len(self.tokens))
+
+
+@dataclass(frozen=True)
+class Placement:
+    """How to set up the cache for a new sequence, in this order."""
+
+    slot: Slot
+    # Idle slots to empty first, to make room.
+    evict: tuple[Slot, ...]
+    # Tokens the slot keeps from its own cache; the rest of it is removed.
+    keep: int
+    # Or: copy the first `reuse` tokens from this other slot (shared, not duplicated).
+    copy_from: Slot | None
+    # Prompt tokens already in the cache once the placement is done.
+    reuse: int
+
+
+class SlotTable:
+    def __init__(self, slots: int, capacity: int) -> None:
+        self.slots = [Slot(seq_id) for seq_id in range(slots)]
+        self.capacity = capacity
+
+    def place(self, prompt: Sequence[int], max_tokens: int) -> Placement | None:
+        """Where a new sequence goes, or None when the cache has no room now.
+
+        The last prompt token is never reused, so that the logits the first
+        sample reads are computed for this prompt.
+        """
+        donor, common = self._longest_prefix(prompt[:-1])
+        target = donor if donor is not None and not donor.busy and common else self._free_slot()
+        if target is None:
+            return None
+        evict = self._evictions(target, need=len(prompt) + max_tokens)
+        if evict is None:
+            return None
+        if donor is target:
+            return Placement(target, evict, keep=common, copy_from=None, reuse=common)
+        # A busy slot shares its prefix; an idle one would have been reused in place.
+        return Placement(target, evict, keep=0, copy_from=donor if common else None, reuse=common)
+
+    def occupy(self, placement: Placement, prompt_length: int, max_tokens: int) -> None:
+        """Record a placement as carried out."""
+        for slot in placement.evict:
+            slot.tokens.clear()
+        slot = placement.slot
+        source = placement.copy_from.tokens if placement.copy_from else slot.tokens
+        slot.tokens = list(source[: placement.reuse])
+        slot.reserved = prompt_length + max_tokens
+        slot.last_used = next(_clock)
+
+    def release(self, slot: Slot) -> None:
+        slot.reserved = None
+        slot.last_used = next(_clock)
+
+    def _longest_prefix(self, prompt: Sequence[int]) -> tuple[Slot | None, int]:
+        best: Slot | None = None
+        best_length = 0
+        for slot in self.slots:
+            length = common_prefix_length(slot.tokens, prompt)
+            # Prefer an idle slot on a tie: it can be reused in place.
+            if length > best_length or (length == best_length > 0 and best and best.busy):
+                best, best_length = slot, length
+        return best, best_length
+
+    def _free_slot(self) -> Slot | None:
+        """An idle slot to start afresh in: an empty one, else the least recently used."""
+        idle = [slot for slot in self.slots if not slot.busy]
+        if not idle:
+            return None
+        return min(idle, key=lambda slot: (bool(slot.tokens), slot.last_used))
+
+    def _evictions(self, target: Slot, need: int) -> tuple[Slot, ...] | None:
+        """Idle slots to empty, least recently used first, so that `need` more fits."""
+        others = [slot for slot in self.slots if slot is not target]
+        used = sum(slot.charged for slot in others) + need
+        evict: list[Slot] = []
+        candidates = sorted(
+            (slot for slot in others if not slot.busy and slot.tokens),
+            key=lambda slot: slot.last_used,
+        )
+        for slot in candidates:
+            if used <= self.capacity:
+                break
+            used -= len(slot.tokens)
+            evict.append(slot)
+        return tuple(evict) if used <= self.capacity else None

@@ -1,0 +1,60 @@
+"""One llama.cpp sampler chain per sequence.
+
+Each sequence in a batch samples on its own: its own parameters, its own
+random generator seeded from the request, its own repetition history. A
+chain is created when the sequence starts and freed when it finishes.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import cast
+
+import llama_cpp
+
+from service.generation import SamplingParams
+
+# How many recent tokens the repetition penalty looks at (llama.cpp's default).
+PENALTY_WINDOW = 64
+
+
+class SamplerChain:
+    """A llama.cpp sampler chain; not thread-safe, freed with `close`."""
+
+    def __init__(self, params: SamplingParams, history: Sequence[int], n_vocab: int) -> None:
+        self._chain = llama_cpp.llama_sampler_chain_init(
+            llama_cpp.llama_sampler_chain_default_params()
+        )
+        if params.repeat_penalty != 1.0:
+            self._add(_penalties(params.repeat_penalty, history, n_vocab))
+        if params.temperature == 0:
+            self._add(llama_cpp.llama_sampler_init_greedy())
+            return
+        self._add(llama_cpp.llama_sampler_init_top_k(params.top_k))
+        self._add(llama_cpp.llama_sampler_init_top_p(params.top_p, 1))
+        self._add(llama_cpp.llama_sampler_init_min_p(params.min_p, 1))
+        self._add(llama_cpp.llama_sampler_init_temp(params.temperature))
+        self._add(llama_cpp.llama_sampler_init_dist(params.seed))
+
+    def sample(self, context: llama_cpp.llama_context_p, output_index: int) -> int:
+        """Sample from the logits of batch output `output_index`, and remember the choice."""
+        return int(llama_cpp.llama_sampler_sample(self._chain, context, output_index))
+
+    def close(self) -> None:
+        if self._chain is not None:
+            llama_cpp.llama_sampler_free(self._chain)  # frees the samplers it holds
+            self._chain = None
+
+    def _add(self, sampler: llama_cpp.llama_sampler_p) -> None:
+        llama_cpp.llama_sampler_chain_add(self._chain, sampler)
+
+
+def _penalties(
+    repeat_penalty: float, history: Sequence[int], n_vocab: int
+) -> llama_cpp.llama_sampler_p:
+    sampler = llama_cpp.llama_sampler_init_penalties(
+        n_vocab, PENALTY_WINDOW, repeat_penalty, 0.0, 0.0
+    )
+    for token in history[-PENALTY_WINDOW:]:  # the prompt counts as recent text
+        llama_cpp.llama_sampler_accept(sampler, token)
+    return cast(llama_cpp.llama_sampler_p, sampler)
