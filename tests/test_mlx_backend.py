@@ -286,6 +286,28 @@ def test_an_eos_token_the_model_produces_ends_generation_with_end_of_turn(
     assert result.finished.usage.completion_tokens == 2
 
 
+def test_eos_ids_in_generation_config_replace_those_in_config(
+    backend: MlxLmBackend, checkpoint: Path, reference: Any, tmp_path: Path
+) -> None:
+    # As transformers and mlx-lm's loader read a checkpoint: config.json's
+    # greedy[1] would stop after one token, generation_config.json's list wins.
+    prompt = backend.tokenize(FOX, add_bos=False)
+    greedy = mlx_lm_greedy(reference, prompt, 3)
+    assert len(set(greedy)) == 3
+    (im_end,) = backend.tokenize(IM_END, add_bos=False)
+    copy = _copy_checkpoint(checkpoint, tmp_path)
+    _edit_config(copy, eos_token_id=greedy[1])
+    stated = {**GENERATION_CONFIG, "eos_token_id": [im_end, greedy[2]]}
+    (copy / "generation_config.json").write_text(json.dumps(stated))
+    stopping = MlxLmBackend(copy, MlxLmOptions(context_size=4096))
+    try:
+        result = run(stopping, prompt)
+    finally:
+        stopping.close()
+    assert result.finished.finish_reason is FinishReason.END_OF_TURN
+    assert result.token_ids == greedy[:2]
+
+
 def test_context_length_is_capped_by_the_trained_window(checkpoint: Path) -> None:
     for requested, expected in [(4096, MAX_POSITION_EMBEDDINGS), (128, 128)]:
         backend = MlxLmBackend(checkpoint, MlxLmOptions(context_size=requested))
