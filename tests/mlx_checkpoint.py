@@ -13,8 +13,9 @@ from pathlib import Path
 from typing import Any
 
 import mlx.core as mx
+import mlx.nn as nn
 from mlx.utils import tree_map
-from mlx_lm.models.llama import Model, ModelArgs
+from mlx_lm.models import gemma3_text, llama
 from mlx_lm.utils import save_config, save_model
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
 from transformers import PreTrainedTokenizerFast
@@ -22,6 +23,8 @@ from transformers import PreTrainedTokenizerFast
 IM_START, IM_END, END_OF_TEXT = "<|im_start|>", "<|im_end|>", "<|endoftext|>"
 BEGIN_OF_TEXT = "<|begin_of_text|>"
 MAX_POSITION_EMBEDDINGS = 512
+# Short, so a test's prompt wraps the rotating cache of gemma3_text's sliding layer.
+SLIDING_WINDOW = 8
 
 CHATML_TEMPLATE = (
     "{% for message in messages %}"
@@ -85,8 +88,8 @@ def _save_tokenizer(directory: Path, with_bos: bool) -> PreTrainedTokenizerFast:
     return tokenizer
 
 
-def _save_model(directory: Path, vocab_size: int, eos_token_id: int) -> None:
-    args = ModelArgs(
+def _llama(vocab_size: int) -> tuple[nn.Module, dict[str, Any]]:
+    args = llama.ModelArgs(
         model_type="llama",
         hidden_size=48,
         num_hidden_layers=2,
@@ -98,8 +101,34 @@ def _save_model(directory: Path, vocab_size: int, eos_token_id: int) -> None:
         max_position_embeddings=MAX_POSITION_EMBEDDINGS,
         tie_word_embeddings=False,
     )
+    return llama.Model(args), {**asdict(args), "architectures": ["LlamaForCausalLM"]}
+
+
+def _gemma3_text(vocab_size: int) -> tuple[nn.Module, dict[str, Any]]:
+    """Gemma 3's layout: a rotating cache of SLIDING_WINDOW tokens, then a global layer."""
+    args = gemma3_text.ModelArgs(
+        model_type="gemma3_text",
+        hidden_size=48,
+        num_hidden_layers=2,
+        intermediate_size=96,
+        num_attention_heads=4,
+        head_dim=16,
+        num_key_value_heads=2,
+        query_pre_attn_scalar=16,
+        sliding_window=SLIDING_WINDOW,
+        sliding_window_pattern=2,
+        vocab_size=vocab_size,
+        max_position_embeddings=MAX_POSITION_EMBEDDINGS,
+    )
+    return gemma3_text.Model(args), {**asdict(args), "architectures": ["Gemma3ForCausalLM"]}
+
+
+_ARCHITECTURES = {"llama": _llama, "gemma3_text": _gemma3_text}
+
+
+def _save_model(directory: Path, architecture: str, vocab_size: int, eos_token_id: int) -> None:
     mx.random.seed(1234)  # the weights, hence every greedy completion, are fixed
-    model = Model(args)
+    model, config = _ARCHITECTURES[architecture](vocab_size)
     # At their initial scale the weights make a model that repeats its last
     # token whatever came before; larger ones make the whole context count,
     # so a prompt cache holding the wrong tokens changes what it writes.
@@ -108,27 +137,27 @@ def _save_model(directory: Path, vocab_size: int, eos_token_id: int) -> None:
     )
     mx.eval(model.parameters())
     save_model(directory, model)
-    config: dict[str, Any] = asdict(args)
-    config.update(architectures=["LlamaForCausalLM"], eos_token_id=eos_token_id)
-    save_config(config, config_path=directory / "config.json")
+    save_config({**config, "eos_token_id": eos_token_id}, config_path=directory / "config.json")
 
 
 def build_tiny_checkpoint(
     directory: Path,
     *,
     with_bos: bool = False,
+    architecture: str = "llama",
     generation_config: dict[str, Any] | None = None,
 ) -> Path:
-    """Write a tiny llama checkpoint into `directory` and return it.
+    """Write a tiny checkpoint into `directory` and return it.
 
     By default it is Qwen-like: no BOS token, ChatML with `<|im_end|>` as eos.
     `with_bos` makes it Llama 3-like, prepending `<|begin_of_text|>`.
+    `architecture` is "llama" or "gemma3_text" (sliding-window layers).
     """
     directory.mkdir(parents=True, exist_ok=True)
     tokenizer = _save_tokenizer(directory, with_bos)
     eos_token_id = tokenizer.convert_tokens_to_ids(IM_END)
     assert isinstance(eos_token_id, int)
-    _save_model(directory, len(tokenizer), eos_token_id)
+    _save_model(directory, architecture, len(tokenizer), eos_token_id)
     if generation_config is not None:
         (directory / "generation_config.json").write_text(json.dumps(generation_config))
     return directory

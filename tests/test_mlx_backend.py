@@ -34,12 +34,15 @@ from tests.mlx_checkpoint import (
     IM_END,
     IM_START,
     MAX_POSITION_EMBEDDINGS,
+    SLIDING_WINDOW,
     build_tiny_checkpoint,
 )
 
 GENERATION_CONFIG = {"temperature": 0.6, "top_p": 0.9, "top_k": 20, "repetition_penalty": 1.1}
 FOX = "The quick brown fox"
 PARIS = "What is the capital of France?"
+# Longer than the sliding window, so the rotating cache wraps during the prompt.
+STORY = "Once upon a time there was a small language model that lived on a computer"
 
 
 @pytest.fixture(scope="module")
@@ -286,6 +289,28 @@ def test_an_eos_token_the_model_produces_ends_generation_with_end_of_turn(
     assert result.finished.usage.completion_tokens == 2
 
 
+def test_eos_ids_in_generation_config_replace_those_in_config(
+    backend: MlxLmBackend, checkpoint: Path, reference: Any, tmp_path: Path
+) -> None:
+    # As transformers and mlx-lm's loader read a checkpoint: config.json's
+    # greedy[1] would stop after one token, generation_config.json's list wins.
+    prompt = backend.tokenize(FOX, add_bos=False)
+    greedy = mlx_lm_greedy(reference, prompt, 3)
+    assert len(set(greedy)) == 3
+    (im_end,) = backend.tokenize(IM_END, add_bos=False)
+    copy = _copy_checkpoint(checkpoint, tmp_path)
+    _edit_config(copy, eos_token_id=greedy[1])
+    stated = {**GENERATION_CONFIG, "eos_token_id": [im_end, greedy[2]]}
+    (copy / "generation_config.json").write_text(json.dumps(stated))
+    stopping = MlxLmBackend(copy, MlxLmOptions(context_size=4096))
+    try:
+        result = run(stopping, prompt)
+    finally:
+        stopping.close()
+    assert result.finished.finish_reason is FinishReason.END_OF_TURN
+    assert result.token_ids == greedy[:2]
+
+
 def test_context_length_is_capped_by_the_trained_window(checkpoint: Path) -> None:
     for requested, expected in [(4096, MAX_POSITION_EMBEDDINGS), (128, 128)]:
         backend = MlxLmBackend(checkpoint, MlxLmOptions(context_size=requested))
@@ -384,3 +409,91 @@ def test_a_missing_directory_is_a_backend_failure_not_a_download(tmp_path: Path)
     with pytest.raises(BackendFailure, match="not a directory") as failure:
         MlxLmBackend(missing, MlxLmOptions(context_size=4096))
     assert str(missing) in failure.value.message
+
+
+# Gemma 3's layout: the rotating cache of the sliding layer cannot be trimmed
+# once it has wrapped past its window, so a snapshot of the prefix serves.
+
+
+@pytest.fixture(scope="module")
+def gemma_checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    directory = tmp_path_factory.mktemp("mlx") / "tiny-gemma"
+    return build_tiny_checkpoint(directory, architecture="gemma3_text")
+
+
+@pytest.fixture
+def gemma(gemma_checkpoint: Path) -> Iterator[MlxLmBackend]:
+    """A backend of its own per test: what its cache holds is the test's business."""
+    backend = MlxLmBackend(gemma_checkpoint, MlxLmOptions(context_size=4096))
+    yield backend
+    backend.close()
+
+
+def cold_run(checkpoint: Path, prompt_ids: list[int]) -> list[int]:
+    """The tokens a fresh backend, with nothing cached, generates after the prompt."""
+    fresh = MlxLmBackend(checkpoint, MlxLmOptions(context_size=4096))
+    try:
+        result = run(fresh, prompt_ids)
+    finally:
+        fresh.close()
+    assert result.cached == 0
+    return result.token_ids
+
+
+def test_a_turn_that_leaves_out_the_generated_tokens_starts_from_the_snapshot(
+    gemma: MlxLmBackend, gemma_checkpoint: Path
+) -> None:
+    first = gemma.tokenize(STORY, add_bos=False)
+    assert len(first) > SLIDING_WINDOW
+    generated = run(gemma, first).token_ids
+    second = first + gemma.tokenize(" It could not say much.", add_bos=False)
+    assert second[len(first)] != generated[0]  # the live cache would need trimming
+    result = run(gemma, second)
+    assert result.cached == len(first) - 1
+    assert result.token_ids == cold_run(gemma_checkpoint, second)
+
+
+def test_a_repeated_prompt_starts_from_its_own_snapshot(
+    gemma: MlxLmBackend, gemma_checkpoint: Path
+) -> None:
+    # The snapshot is a copy: generating after it must not move what it holds.
+    prompt = gemma.tokenize(STORY, add_bos=False)
+    first = run(gemma, prompt)
+    second = run(gemma, prompt)
+    assert second.cached == len(prompt) - 1
+    assert first.token_ids == second.token_ids == cold_run(gemma_checkpoint, prompt)
+
+
+def test_a_prompt_that_extends_the_live_cache_reuses_it(
+    gemma: MlxLmBackend, gemma_checkpoint: Path
+) -> None:
+    prompt = gemma.tokenize(STORY, add_bos=False)
+    generated = run(gemma, prompt, max_tokens=4).token_ids
+    follow_up = prompt + generated + gemma.tokenize(" The end.", add_bos=False)
+    result = run(gemma, follow_up)
+    assert result.cached == len(prompt) + 4  # more than the snapshot holds
+    assert result.token_ids == cold_run(gemma_checkpoint, follow_up)
+
+
+def test_a_prompt_sharing_nothing_starts_cold(gemma: MlxLmBackend, gemma_checkpoint: Path) -> None:
+    story = gemma.tokenize(STORY, add_bos=False)
+    run(gemma, story)
+    other = gemma.tokenize(PARIS, add_bos=False)
+    assert other[0] != story[0]
+    result = run(gemma, other)
+    assert result.cached == 0
+    # Our own prefill, then generate_step from the last token: what mlx-lm does alone.
+    model = load(str(gemma_checkpoint))[0]
+    assert result.token_ids == until_end(gemma, mlx_lm_greedy(model, other, 12))
+
+
+def test_repetition_penalty_counts_the_prefilled_prompt(
+    gemma: MlxLmBackend, gemma_checkpoint: Path
+) -> None:
+    # generate_step sees only the last prompt token; the rest was prefilled.
+    prompt = gemma.tokenize("red, yellow and blue. red, yellow and", add_bos=False)
+    penalized = run(gemma, prompt, sampling=params(repeat_penalty=1.5))
+    model = load(str(gemma_checkpoint))[0]
+    expected = until_end(gemma, mlx_lm_greedy(model, prompt, 12, repetition_penalty=1.5))
+    assert penalized.token_ids == expected
+    assert expected != until_end(gemma, mlx_lm_greedy(model, prompt, 12))

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import functools
 import json
 import re
@@ -13,8 +14,16 @@ from typing import Any, cast
 import mlx.core as mx
 import structlog
 from mlx.nn import Module
-from mlx_lm.generate import generate_step
-from mlx_lm.models.cache import can_trim_prompt_cache, make_prompt_cache, trim_prompt_cache
+from mlx_lm.generate import generate_step, generation_stream
+from mlx_lm.models.cache import (
+    ChunkedKVCache,
+    ConcatenateKVCache,
+    KVCache,
+    QuantizedKVCache,
+    can_trim_prompt_cache,
+    make_prompt_cache,
+    trim_prompt_cache,
+)
 from mlx_lm.sample_utils import LogitsProcessor, make_logits_processors, make_sampler
 from mlx_lm.tokenizer_utils import (
     BPEStreamingDetokenizer,
@@ -43,6 +52,13 @@ _SAMPLING_KEYS = {
 # supplies the part of it that generate_step does not see.
 _REPETITION_CONTEXT = 20
 
+# Cache layers that can always give tokens back. Any other kind may refuse:
+# a rotating sliding window once it has wrapped, a recurrent state always.
+_ALWAYS_TRIMMABLE = (KVCache, QuantizedKVCache, ConcatenateKVCache, ChunkedKVCache)
+
+# Tokens evaluated per model call when prefilling, as generate_step does.
+_PREFILL_STEP = 2048
+
 # What mlx-lm and transformers raise for a missing file, malformed JSON, an
 # unknown architecture, a config that does not fit its weights, or a corrupt
 # safetensors file.
@@ -63,6 +79,14 @@ class MlxLmOptions:
 Loaded = tuple[Module, TokenizerWrapper, dict[str, Any]]
 
 
+@dataclass(frozen=True)
+class _Snapshot:
+    """A copy of the prompt cache taken when it held exactly `ids`."""
+
+    cache: list[Any]
+    ids: list[int]
+
+
 def _load(path: Path) -> Loaded:
     if not path.is_dir():
         # mlx_lm.load takes a path that does not exist for a Hub repo id and downloads it.
@@ -78,7 +102,9 @@ class MlxLmBackend:
     """One safetensors checkpoint loaded with mlx-lm. Not thread-safe: one worker owns it.
 
     The prompt cache survives between requests; `_cache_ids` are the tokens it
-    holds, so the next prompt can reuse their longest common prefix.
+    holds, so the next prompt can reuse their longest common prefix. A cache
+    that may not trim back to that prefix (sliding-window layers) also keeps a
+    snapshot of itself after each prompt, to start the next one from.
     """
 
     def __init__(self, path: Path, options: MlxLmOptions) -> None:
@@ -93,6 +119,8 @@ class MlxLmBackend:
         self._pieces = _vocabulary_pieces(tokenizer)
         self._cache: list[Any] = make_prompt_cache(model)
         self._cache_ids: list[int] = []
+        self._snapshots = not all(isinstance(layer, _ALWAYS_TRIMMABLE) for layer in self._cache)
+        self._snapshot: _Snapshot | None = None
         self._stream: Generator[int, None, None] | None = None
 
     @property
@@ -155,13 +183,15 @@ class MlxLmBackend:
         # MLX frees the arrays once nothing refers to them.
         self._model = None
         self._cache, self._cache_ids = [], []
+        self._snapshot = None
 
     def _sample(
         self, prompt: list[int], reused: int, sampling: SamplingParams
     ) -> Generator[int, None, None]:
         mx.random.seed(sampling.seed)
+        start = self._prefill(prompt, reused) if self._snapshots else reused
         steps = generate_step(
-            mx.array(prompt[reused:]),
+            mx.array(prompt[start:]),
             self._live_model(),
             max_tokens=-1,  # the decode loop decides when to stop, by closing this generator
             sampler=make_sampler(
@@ -170,7 +200,7 @@ class MlxLmBackend:
                 min_p=sampling.min_p,
                 top_k=sampling.top_k,
             ),
-            logits_processors=_penalties(prompt[:reused], sampling.repeat_penalty),
+            logits_processors=_penalties(prompt[:start], sampling.repeat_penalty),
             prompt_cache=self._cache,
         )
         self._cache_ids = []  # should generate_step fail, the cache holds an unknown prefix
@@ -191,15 +221,51 @@ class MlxLmBackend:
         """Keep the longest cached prefix of the prompt; return its length.
 
         At least one prompt token is always evaluated again, so that the
-        logits the first sample reads belong to this prompt.
+        logits the first sample reads belong to this prompt. When the live
+        cache cannot be cut back to the shared prefix, the snapshot may serve.
         """
         common = common_prefix_length(self._cache_ids, prompt[:-1])
         if common > 0 and _trim(self._cache, len(self._cache_ids) - common):
             del self._cache_ids[common:]
             return common
+        return self._restore_snapshot(prompt[:-1])
+
+    def _restore_snapshot(self, wanted: list[int]) -> int:
+        """Start from the snapshot if it holds a prefix of `wanted`, else from nothing."""
+        snapshot = self._snapshot
+        if snapshot is not None and wanted[: len(snapshot.ids)] == snapshot.ids:
+            # A copy: the snapshot stays as it is for the requests after this one.
+            self._cache, self._cache_ids = copy.deepcopy(snapshot.cache), list(snapshot.ids)
+            return len(snapshot.ids)
         self._cache = make_prompt_cache(self._live_model())
         self._cache_ids = []
         return 0
+
+    def _prefill(self, prompt: list[int], reused: int) -> int:
+        """Evaluate the prompt up to its last token, snapshot the cache; return that length.
+
+        generate_step evaluates the last token itself, for the logits the first
+        sample reads; a snapshot taken after it would hold a token the next
+        prompt may not share.
+        """
+        end = len(prompt) - 1
+        self._cache_ids = []  # should the model fail midway, the cache holds an unknown prefix
+        model = self._live_model()
+        with mx.stream(generation_stream):
+            for start in range(reused, end, _PREFILL_STEP):
+                chunk = mx.array(prompt[start : min(start + _PREFILL_STEP, end)])
+                model(chunk[None], cache=self._cache)
+                mx.eval([layer.state for layer in self._cache])
+                mx.clear_cache()  # as generate_step does: give back the chunk's freed buffers
+        self._cache_ids = prompt[:end]
+        self._keep_snapshot()
+        return end
+
+    def _keep_snapshot(self) -> None:
+        held = self._cache_ids
+        if not held or (self._snapshot is not None and self._snapshot.ids == held):
+            return  # nothing to keep, or kept already
+        self._snapshot = _Snapshot(copy.deepcopy(self._cache), list(held))
 
     def _live_model(self) -> Module:
         if self._model is None:
