@@ -168,6 +168,12 @@ class Settings(BaseSettings):
         gt=0,
         description="Token budget of a request that does not set max_tokens.",
     )
+    max_top_logprobs: int = Field(
+        default=20,
+        ge=0,
+        le=100,
+        description="Most alternatives a request may ask for per token with top_logprobs.",
+    )
     max_decode_seconds: float = Field(
         default=300.0,
         gt=0,
