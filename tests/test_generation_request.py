@@ -7,7 +7,14 @@ import pytest
 from inference.v1 import inference_pb2 as pb
 from service.decode.loop import fit_max_tokens
 from service.errors import InvalidRequest
-from service.generation import GenerationLimits, GenerationRequest, SamplingDefaults
+from service.generation import (
+    Delta,
+    GenerationLimits,
+    GenerationRequest,
+    SamplingDefaults,
+    TokenLogprob,
+    TopLogprob,
+)
 
 
 def parse(**fields: object) -> GenerationRequest:
@@ -148,3 +155,15 @@ def test_invalid_generation_features_are_refused_with_a_reason(
 ) -> None:
     with pytest.raises(InvalidRequest, match=message):
         parse(**fields)
+
+
+def test_logprobs_travel_as_token_bytes_even_inside_a_character() -> None:
+    first = TokenLogprob(
+        1, b"\xc3", -0.25, (TopLogprob(1, b"\xc3", -0.25), TopLogprob(9, b"e", -2))
+    )
+    delta = Delta("é", (1, 2), (first, TokenLogprob(2, b"\xa9", 0.0)))
+    message = delta.to_pb().delta
+    assert [entry.token for entry in message.logprobs] == [b"\xc3", b"\xa9"]
+    assert [top.token_id for top in message.logprobs[0].top_logprobs] == [1, 9]
+    assert message.logprobs[0].logprob == pytest.approx(-0.25)
+    assert Delta("a", (3,)).to_pb().delta.logprobs == []
