@@ -259,9 +259,14 @@ export declare type GenerateRequest = Message<"inference.v1.GenerateRequest"> & 
   seed?: number | undefined;
 
   /**
-   * Functions the model may call; see Tool. When the model calls any, the
-   * stream ends with FINISH_REASON_TOOL_CALL and the calls in
-   * GenerationFinished.tool_calls. Only meaningful with `messages`.
+   * Functions the model may call; see Tool. The model's chat template shows
+   * them to the model, so they take effect with `messages`; with a raw
+   * `prompt`, describe them in the prompt yourself. When the model calls any
+   * and ends its turn, the stream ends with FINISH_REASON_TOOL_CALL and the
+   * calls in GenerationFinished.tool_calls (a generation cut off by
+   * max_tokens or the time limit keeps that reason). How calls are read
+   * depends on the model family, chosen from its chat template: Hermes
+   * <tool_call> JSON (Qwen and other ChatML models), FunctionGemma, Gemma 3.
    *
    * @generated from field: repeated inference.v1.Tool tools = 12;
    */
