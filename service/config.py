@@ -188,6 +188,12 @@ class Settings(BaseSettings):
         description="Finished conversations whose KV cache a llama.cpp model keeps, so "
         "that the next turn evaluates only its new tokens.",
     )
+    max_top_logprobs: int = Field(
+        default=20,
+        ge=0,
+        le=100,
+        description="Most alternatives a request may ask for per token with top_logprobs.",
+    )
     max_decode_seconds: float = Field(
         default=300.0,
         gt=0,

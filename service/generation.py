@@ -7,15 +7,23 @@ stays a thin adapter and the decode loop never touches protobuf types.
 from __future__ import annotations
 
 import enum
+import json
 import random
+import re
 from dataclasses import dataclass
-from typing import TypeVar
+from typing import Any, TypeVar
 
 from inference.v1 import inference_pb2 as pb
+from service.decode.grammar import resolve_grammar
 from service.errors import InvalidRequest
 
 MAX_STOP_SEQUENCES = 16
 MAX_STOP_SEQUENCE_CHARS = 256
+MAX_TOOLS = 128
+MAX_TOOL_PARAMETERS_CHARS = 64 * 1024
+# The function names OpenAI-style clients allow; every tool-call convention we
+# parse can write them (FunctionGemma's needs an identifier, hence no dots).
+TOOL_NAME = re.compile(r"[A-Za-z0-9_-]{1,64}")
 
 T = TypeVar("T")
 
@@ -24,10 +32,107 @@ def _pick(value: T | None, default: T) -> T:
     return default if value is None else value
 
 
+def _json_object(text: str, what: str) -> dict[str, Any]:
+    """`text` parsed as a JSON object, or InvalidRequest naming `what`."""
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise InvalidRequest(f"{what} is not valid JSON: {exc}") from exc
+    if not isinstance(value, dict):
+        raise InvalidRequest(f"{what} must be a JSON object, got {type(value).__name__}")
+    return value
+
+
+@dataclass(frozen=True)
+class ToolCall:
+    """A call the model made: `arguments_json` is the text of a JSON object."""
+
+    id: str
+    name: str
+    arguments_json: str
+
+    @classmethod
+    def from_pb(cls, msg: pb.ToolCall) -> ToolCall:
+        return cls(id=msg.id, name=msg.name, arguments_json=msg.arguments_json)
+
+    def to_pb(self) -> pb.ToolCall:
+        return pb.ToolCall(id=self.id, name=self.name, arguments_json=self.arguments_json)
+
+    def arguments(self) -> dict[str, Any]:
+        return _json_object(self.arguments_json or "{}", f"arguments of tool call {self.name!r}")
+
+
+@dataclass(frozen=True)
+class Tool:
+    """A function offered to the model; `parameters_json` is a JSON Schema object."""
+
+    name: str
+    description: str = ""
+    parameters_json: str = ""
+
+    @classmethod
+    def from_pb(cls, msg: pb.Tool) -> Tool:
+        return cls(name=msg.name, description=msg.description, parameters_json=msg.parameters_json)
+
+    def parameters(self) -> dict[str, Any]:
+        """The JSON schema of the arguments; no parameters is an empty object schema."""
+        if not self.parameters_json.strip():
+            return {"type": "object", "properties": {}}
+        return _json_object(self.parameters_json, f"parameters_json of tool {self.name!r}")
+
+    def validate(self, index: int) -> None:
+        if not self.name:
+            raise InvalidRequest(f"tools[{index}] has no name")
+        if not TOOL_NAME.fullmatch(self.name):
+            raise InvalidRequest(
+                f"tools[{index}] name {self.name!r} must be 1 to 64 letters, digits, "
+                "underscores or hyphens"
+            )
+        if len(self.parameters_json) > MAX_TOOL_PARAMETERS_CHARS:
+            raise InvalidRequest(
+                f"tools[{index}] parameters_json is limited to {MAX_TOOL_PARAMETERS_CHARS} "
+                "characters"
+            )
+        self.parameters()
+
+
 @dataclass(frozen=True)
 class ChatMessage:
     role: str
     content: str
+    # An assistant turn's calls; a tool turn's answer to one of them.
+    tool_calls: tuple[ToolCall, ...] = ()
+    tool_call_id: str = ""
+    name: str = ""
+
+    @classmethod
+    def from_pb(cls, msg: pb.ChatMessage) -> ChatMessage:
+        return cls(
+            role=msg.role,
+            content=msg.content,
+            tool_calls=tuple(ToolCall.from_pb(call) for call in msg.tool_calls),
+            tool_call_id=msg.tool_call_id,
+            name=msg.name,
+        )
+
+    def validate(self, index: int) -> None:
+        if not self.role:
+            raise InvalidRequest(f"messages[{index}] has no role")
+        if self.tool_calls and self.role != "assistant":
+            raise InvalidRequest(
+                f"messages[{index}] has tool_calls, which only an assistant turn can make"
+            )
+        for call in self.tool_calls:
+            if not call.name:
+                raise InvalidRequest(f"messages[{index}] has a tool call without a name")
+            call.arguments()
+
+
+@dataclass(frozen=True)
+class GenerationLimits:
+    """Server settings that bound what a request may ask for."""
+
+    max_top_logprobs: int = 20
 
 
 @dataclass(frozen=True)
@@ -95,16 +200,26 @@ class GenerationRequest:
     max_tokens: int | None
     stop: tuple[str, ...]
     sampling: SamplingOverrides
+    tools: tuple[Tool, ...] = ()
+    # GBNF text constraining the output: the request's `grammar`, or one built
+    # from `response_format.json_schema`; checked to parse. None: unconstrained.
+    grammar: str | None = None
+    logprobs: bool = False
+    # Alternatives to report per token; 0 when none (or logprobs is off).
+    top_logprobs: int = 0
 
     @classmethod
-    def from_pb(cls, msg: pb.GenerateRequest) -> GenerationRequest:
+    def from_pb(
+        cls, msg: pb.GenerateRequest, limits: GenerationLimits | None = None
+    ) -> GenerationRequest:
         def optional(name: str) -> float | int | None:
             return getattr(msg, name) if msg.HasField(name) else None
 
+        grammar = msg.grammar if msg.HasField("grammar") else None
         request = cls(
             model=msg.model,
             prompt=msg.prompt or None,
-            messages=tuple(ChatMessage(m.role, m.content) for m in msg.messages),
+            messages=tuple(ChatMessage.from_pb(m) for m in msg.messages),
             max_tokens=msg.max_tokens if msg.HasField("max_tokens") else None,
             stop=tuple(msg.stop),
             sampling=SamplingOverrides(
@@ -115,22 +230,44 @@ class GenerationRequest:
                 repeat_penalty=optional("repeat_penalty"),
                 seed=msg.seed if msg.HasField("seed") else None,
             ),
+            tools=tuple(Tool.from_pb(tool) for tool in msg.tools),
+            grammar=resolve_grammar(grammar, msg.response_format.json_schema),
+            logprobs=msg.logprobs,
+            top_logprobs=msg.top_logprobs,
         )
-        request.validate()
+        if msg.HasField("top_logprobs") and msg.top_logprobs and not msg.logprobs:
+            raise InvalidRequest("top_logprobs needs logprobs to be set")
+        request.validate(limits or GenerationLimits())
         return request
 
-    def validate(self) -> None:
+    def validate(self, limits: GenerationLimits | None = None) -> None:
+        limits = limits or GenerationLimits()
         if self.prompt is not None and self.messages:
             raise InvalidRequest("set either `prompt` or `messages`, not both")
         if self.prompt is None and not self.messages:
             raise InvalidRequest("the request needs a non-empty `prompt` or `messages`")
         for index, message in enumerate(self.messages):
-            if not message.role:
-                raise InvalidRequest(f"messages[{index}] has no role")
+            message.validate(index)
         if self.max_tokens is not None and self.max_tokens < 1:
             raise InvalidRequest(f"max_tokens must be at least 1, got {self.max_tokens}")
         self._validate_stop()
         self.sampling.validate()
+        self._validate_tools()
+        if self.top_logprobs > limits.max_top_logprobs:
+            raise InvalidRequest(
+                f"top_logprobs is limited to {limits.max_top_logprobs} on this server, "
+                f"got {self.top_logprobs}"
+            )
+
+    def _validate_tools(self) -> None:
+        if len(self.tools) > MAX_TOOLS:
+            raise InvalidRequest(f"at most {MAX_TOOLS} tools, got {len(self.tools)}")
+        seen: set[str] = set()
+        for index, tool in enumerate(self.tools):
+            tool.validate(index)
+            if tool.name in seen:
+                raise InvalidRequest(f"tools[{index}] repeats the name {tool.name!r}")
+            seen.add(tool.name)
 
     def _validate_stop(self) -> None:
         if len(self.stop) > MAX_STOP_SEQUENCES:
@@ -151,6 +288,7 @@ class FinishReason(enum.Enum):
     STOP_SEQUENCE = pb.FINISH_REASON_STOP_SEQUENCE
     LENGTH = pb.FINISH_REASON_LENGTH
     TIME_LIMIT = pb.FINISH_REASON_TIME_LIMIT
+    TOOL_CALL = pb.FINISH_REASON_TOOL_CALL
 
     @property
     def label(self) -> str:
@@ -176,12 +314,49 @@ class Started:
 
 
 @dataclass(frozen=True)
+class TopLogprob:
+    token_id: int
+    # Bytes: a token may hold part of a UTF-8 character.
+    token: bytes
+    logprob: float
+
+    def to_pb(self) -> pb.TopLogprob:
+        return pb.TopLogprob(token_id=self.token_id, token=self.token, logprob=self.logprob)
+
+
+@dataclass(frozen=True)
+class TokenLogprob:
+    """The log-probability of one generated token and, if asked, its top alternatives."""
+
+    token_id: int
+    token: bytes
+    logprob: float
+    top_logprobs: tuple[TopLogprob, ...] = ()
+
+    def to_pb(self) -> pb.TokenLogprob:
+        return pb.TokenLogprob(
+            token_id=self.token_id,
+            token=self.token,
+            logprob=self.logprob,
+            top_logprobs=[top.to_pb() for top in self.top_logprobs],
+        )
+
+
+@dataclass(frozen=True)
 class Delta:
     text: str
     token_ids: tuple[int, ...]
+    # One per token in token_ids when the request asked for logprobs; else empty.
+    logprobs: tuple[TokenLogprob, ...] = ()
 
     def to_pb(self) -> pb.GenerateResponse:
-        return pb.GenerateResponse(delta=pb.TextDelta(text=self.text, token_ids=self.token_ids))
+        return pb.GenerateResponse(
+            delta=pb.TextDelta(
+                text=self.text,
+                token_ids=self.token_ids,
+                logprobs=[entry.to_pb() for entry in self.logprobs],
+            )
+        )
 
 
 @dataclass(frozen=True)
@@ -221,6 +396,10 @@ class Finished:
     timing: Timing
     seed: int
     stop_sequence: str = ""
+    # Set when the request had tools: see service.tools.with_tool_calls.
+    tool_calls: tuple[ToolCall, ...] = ()
+    content: str = ""
+    tool_call_errors: tuple[str, ...] = ()
 
     def to_pb(self) -> pb.GenerateResponse:
         return pb.GenerateResponse(
@@ -230,6 +409,9 @@ class Finished:
                 usage=self.usage.to_pb(),
                 timing=self.timing.to_pb(),
                 seed=self.seed,
+                tool_calls=[call.to_pb() for call in self.tool_calls],
+                content=self.content,
+                tool_call_errors=self.tool_call_errors,
             )
         )
 

@@ -22,6 +22,7 @@ from inference.v1 import inference_pb2_grpc as pb_grpc
 from service.admission import Capability, Decision, decide
 from service.backends import load_backend
 from service.config import Settings, load_settings
+from service.generation import GenerationLimits
 from service.image_generation import ImageGenerator
 from service.images.external import CommandResolver
 from service.images.generation import ImageLimits
@@ -79,6 +80,7 @@ class InferenceServer:
             limits,
             settings.default_image_model,
             self.metrics,
+            GenerationLimits(max_top_logprobs=settings.max_top_logprobs),
         )
         pb_grpc.add_InferenceServicer_to_server(servicer, self._server)
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self._server)

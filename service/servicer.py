@@ -9,7 +9,7 @@ from inference.v1 import inference_pb2_grpc as pb_grpc
 from service.admission import Capability, Decision
 from service.admission.report import AdmissionReport
 from service.errors import InvalidRequest
-from service.generation import Finished, GenerationRequest, Started
+from service.generation import Finished, GenerationLimits, GenerationRequest, Started
 from service.image_generation import ImageGenerator
 from service.images.generation import ImageDone, ImageLimits, ImageRequest
 from service.metrics import Metrics
@@ -28,8 +28,10 @@ class InferenceServicer(pb_grpc.InferenceServicer):
         image_limits: ImageLimits,
         default_image_model: str = "",
         metrics: Metrics | None = None,
+        generation_limits: GenerationLimits | None = None,
     ) -> None:
         self.metrics = metrics
+        self._generation_limits = generation_limits or GenerationLimits()
         self._pool = pool
         self._text = text
         self._images = images
@@ -40,7 +42,7 @@ class InferenceServicer(pb_grpc.InferenceServicer):
     async def Generate(
         self, request: pb.GenerateRequest, summary: Summary
     ) -> AsyncIterator[pb.GenerateResponse]:
-        generation = GenerationRequest.from_pb(request)
+        generation = GenerationRequest.from_pb(request, self._generation_limits)
         summary["model"] = generation.model or self._pool.catalog.default_model
         async for event in self._text.generate(generation):
             _summarize(event, summary)

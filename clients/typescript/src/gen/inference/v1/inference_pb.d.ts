@@ -22,16 +22,44 @@ export declare const file_inference_v1_inference: GenFile;
  */
 export declare type ChatMessage = Message<"inference.v1.ChatMessage"> & {
   /**
-   * "system", "user", "assistant", or any role the model's template knows.
+   * "system", "user", "assistant", "tool", or any role the model's template
+   * knows.
    *
    * @generated from field: string role = 1;
    */
   role: string;
 
   /**
+   * The text of the turn. For a "tool" turn: the tool's result, as the
+   * client chooses to write it (often JSON). May be empty for an assistant
+   * turn that only called tools.
+   *
    * @generated from field: string content = 2;
    */
   content: string;
+
+  /**
+   * For an "assistant" turn: the tool calls it made, exactly as a previous
+   * GenerationFinished reported them, so the model sees its own calls.
+   *
+   * @generated from field: repeated inference.v1.ToolCall tool_calls = 3;
+   */
+  toolCalls: ToolCall[];
+
+  /**
+   * For a "tool" turn: the `ToolCall.id` this result answers.
+   *
+   * @generated from field: string tool_call_id = 4;
+   */
+  toolCallId: string;
+
+  /**
+   * For a "tool" turn: the name of the tool that produced the result. Some
+   * chat templates show it to the model; others ignore it.
+   *
+   * @generated from field: string name = 5;
+   */
+  name: string;
 };
 
 /**
@@ -39,6 +67,106 @@ export declare type ChatMessage = Message<"inference.v1.ChatMessage"> & {
  * Use `create(ChatMessageSchema)` to create a new message.
  */
 export declare const ChatMessageSchema: GenMessage<ChatMessage>;
+
+/**
+ * A function the model may call. The server passes tools to the model's chat
+ * template the way Hugging Face transformers does; a template that knows no
+ * tools ignores them, and the model then answers in plain text.
+ *
+ * @generated from message inference.v1.Tool
+ */
+export declare type Tool = Message<"inference.v1.Tool"> & {
+  /**
+   * The function name the model calls it by, e.g. "get_weather". Required.
+   *
+   * @generated from field: string name = 1;
+   */
+  name: string;
+
+  /**
+   * What the function does, in words the model reads to decide when to call
+   * it.
+   *
+   * @generated from field: string description = 2;
+   */
+  description: string;
+
+  /**
+   * A JSON Schema of the arguments, as JSON text; it must be a JSON object,
+   * e.g. {"type": "object", "properties": {"city": {"type": "string"}}}.
+   * Empty means the function takes no arguments.
+   *
+   * @generated from field: string parameters_json = 3;
+   */
+  parametersJson: string;
+};
+
+/**
+ * Describes the message inference.v1.Tool.
+ * Use `create(ToolSchema)` to create a new message.
+ */
+export declare const ToolSchema: GenMessage<Tool>;
+
+/**
+ * One call of a tool, as the model asked for it.
+ *
+ * @generated from message inference.v1.ToolCall
+ */
+export declare type ToolCall = Message<"inference.v1.ToolCall"> & {
+  /**
+   * An id the server made up ("call_" and hex digits), unique within the
+   * response. Send it back as `ChatMessage.tool_call_id` with the result.
+   *
+   * @generated from field: string id = 1;
+   */
+  id: string;
+
+  /**
+   * The tool's name, as the model wrote it. The server does not check that it
+   * is one of the request's tools; clients should.
+   *
+   * @generated from field: string name = 2;
+   */
+  name: string;
+
+  /**
+   * The arguments as a JSON object text, e.g. {"city": "Paris"}. The server
+   * checks that it is a JSON object, not that it matches the tool's schema.
+   *
+   * @generated from field: string arguments_json = 3;
+   */
+  argumentsJson: string;
+};
+
+/**
+ * Describes the message inference.v1.ToolCall.
+ * Use `create(ToolCallSchema)` to create a new message.
+ */
+export declare const ToolCallSchema: GenMessage<ToolCall>;
+
+/**
+ * Constrains the generated text to a format.
+ *
+ * @generated from message inference.v1.ResponseFormat
+ */
+export declare type ResponseFormat = Message<"inference.v1.ResponseFormat"> & {
+  /**
+   * A JSON Schema, as JSON text. The output is constrained to JSON that the
+   * schema accepts (the subset of JSON Schema llama.cpp's converter supports:
+   * types, properties, required, enum, const, arrays, anyOf/oneOf, $ref to
+   * local definitions, string formats and patterns). A schema the converter
+   * cannot handle is refused with INVALID_ARGUMENT.
+   *
+   * @generated from field: string json_schema = 1;
+   */
+  jsonSchema: string;
+};
+
+/**
+ * Describes the message inference.v1.ResponseFormat.
+ * Use `create(ResponseFormatSchema)` to create a new message.
+ */
+export declare const ResponseFormatSchema: GenMessage<ResponseFormat>;
 
 /**
  * Exactly one of `prompt` and `messages` must be set.
@@ -129,6 +257,54 @@ export declare type GenerateRequest = Message<"inference.v1.GenerateRequest"> & 
    * @generated from field: optional uint32 seed = 11;
    */
   seed?: number | undefined;
+
+  /**
+   * Functions the model may call; see Tool. The model's chat template shows
+   * them to the model, so they take effect with `messages`; with a raw
+   * `prompt`, describe them in the prompt yourself. When the model calls any
+   * and ends its turn, the stream ends with FINISH_REASON_TOOL_CALL and the
+   * calls in GenerationFinished.tool_calls (a generation cut off by
+   * max_tokens or the time limit keeps that reason). How calls are read
+   * depends on the model family, chosen from its chat template: Hermes
+   * <tool_call> JSON (Qwen and other ChatML models), FunctionGemma, Gemma 3.
+   *
+   * @generated from field: repeated inference.v1.Tool tools = 12;
+   */
+  tools: Tool[];
+
+  /**
+   * Constrains the output to JSON matching a schema. Mutually exclusive with
+   * `grammar` (setting both is INVALID_ARGUMENT).
+   *
+   * @generated from field: inference.v1.ResponseFormat response_format = 13;
+   */
+  responseFormat?: ResponseFormat | undefined;
+
+  /**
+   * Constrains the output to a GBNF grammar (llama.cpp's grammar format,
+   * start rule "root"). Checked before any model work; a grammar that does
+   * not parse is INVALID_ARGUMENT with the parser's message.
+   *
+   * @generated from field: optional string grammar = 14;
+   */
+  grammar?: string | undefined;
+
+  /**
+   * Report the log-probability of each generated token in
+   * TextDelta.logprobs.
+   *
+   * @generated from field: bool logprobs = 15;
+   */
+  logprobs: boolean;
+
+  /**
+   * With `logprobs`: also report this many most likely alternatives at each
+   * position, at most the server's max_top_logprobs (20 by default). Unset
+   * or 0: none.
+   *
+   * @generated from field: optional uint32 top_logprobs = 16;
+   */
+  topLogprobs?: number | undefined;
 };
 
 /**
@@ -234,6 +410,14 @@ export declare type TextDelta = Message<"inference.v1.TextDelta"> & {
    * @generated from field: repeated int32 token_ids = 2;
    */
   tokenIds: number[];
+
+  /**
+   * With GenerateRequest.logprobs: one entry per token in `token_ids`, in the
+   * same order.
+   *
+   * @generated from field: repeated inference.v1.TokenLogprob logprobs = 3;
+   */
+  logprobs: TokenLogprob[];
 };
 
 /**
@@ -241,6 +425,80 @@ export declare type TextDelta = Message<"inference.v1.TextDelta"> & {
  * Use `create(TextDeltaSchema)` to create a new message.
  */
 export declare const TextDeltaSchema: GenMessage<TextDelta>;
+
+/**
+ * The log-probability of one generated token.
+ *
+ * @generated from message inference.v1.TokenLogprob
+ */
+export declare type TokenLogprob = Message<"inference.v1.TokenLogprob"> & {
+  /**
+   * @generated from field: int32 token_id = 1;
+   */
+  tokenId: number;
+
+  /**
+   * The token's own bytes. Bytes, not a string: a token may hold only part
+   * of a UTF-8 character, so one token's bytes need not be valid UTF-8.
+   *
+   * @generated from field: bytes token = 2;
+   */
+  token: Uint8Array;
+
+  /**
+   * Natural log of the probability the model gave this token, <= 0.
+   *
+   * @generated from field: float logprob = 3;
+   */
+  logprob: number;
+
+  /**
+   * The most likely tokens at this position, most likely first, as many as
+   * GenerateRequest.top_logprobs asked for. The generated token may or may
+   * not be among them.
+   *
+   * @generated from field: repeated inference.v1.TopLogprob top_logprobs = 4;
+   */
+  topLogprobs: TopLogprob[];
+};
+
+/**
+ * Describes the message inference.v1.TokenLogprob.
+ * Use `create(TokenLogprobSchema)` to create a new message.
+ */
+export declare const TokenLogprobSchema: GenMessage<TokenLogprob>;
+
+/**
+ * One of the most likely tokens at a position.
+ *
+ * @generated from message inference.v1.TopLogprob
+ */
+export declare type TopLogprob = Message<"inference.v1.TopLogprob"> & {
+  /**
+   * @generated from field: int32 token_id = 1;
+   */
+  tokenId: number;
+
+  /**
+   * The token's bytes; see TokenLogprob.token.
+   *
+   * @generated from field: bytes token = 2;
+   */
+  token: Uint8Array;
+
+  /**
+   * Natural log of its probability, <= 0.
+   *
+   * @generated from field: float logprob = 3;
+   */
+  logprob: number;
+};
+
+/**
+ * Describes the message inference.v1.TopLogprob.
+ * Use `create(TopLogprobSchema)` to create a new message.
+ */
+export declare const TopLogprobSchema: GenMessage<TopLogprob>;
 
 /**
  * @generated from message inference.v1.Usage
@@ -345,6 +603,32 @@ export declare type GenerationFinished = Message<"inference.v1.GenerationFinishe
    * @generated from field: uint32 seed = 5;
    */
   seed: number;
+
+  /**
+   * With GenerateRequest.tools: the calls the model made, in order. Their
+   * blocks were streamed as text in TextDelta events like any other output;
+   * `content` is the text without them.
+   *
+   * @generated from field: repeated inference.v1.ToolCall tool_calls = 6;
+   */
+  toolCalls: ToolCall[];
+
+  /**
+   * With GenerateRequest.tools: the whole generated text with the tool call
+   * blocks removed, i.e. what to show a person. Empty without tools.
+   *
+   * @generated from field: string content = 7;
+   */
+  content: string;
+
+  /**
+   * With GenerateRequest.tools: one message per tool call block the server
+   * could not parse (malformed JSON, no name, ...). Such blocks are left out
+   * of `tool_calls` and kept in `content`.
+   *
+   * @generated from field: repeated string tool_call_errors = 8;
+   */
+  toolCallErrors: string[];
 };
 
 /**
@@ -852,6 +1136,14 @@ export enum FinishReason {
    * @generated from enum value: FINISH_REASON_TIME_LIMIT = 4;
    */
   TIME_LIMIT = 4,
+
+  /**
+   * The model called one or more tools (GenerationFinished.tool_calls); send
+   * their results back as "tool" turns to continue.
+   *
+   * @generated from enum value: FINISH_REASON_TOOL_CALL = 5;
+   */
+  TOOL_CALL = 5,
 }
 
 /**
