@@ -14,7 +14,6 @@ from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from inference.v1 import inference_pb2 as pb
-from service.decode.grammar import resolve_grammar
 from service.errors import InvalidRequest
 
 MAX_STOP_SEQUENCES = 16
@@ -231,7 +230,7 @@ class GenerationRequest:
                 seed=msg.seed if msg.HasField("seed") else None,
             ),
             tools=tuple(Tool.from_pb(tool) for tool in msg.tools),
-            grammar=resolve_grammar(grammar, msg.response_format.json_schema),
+            grammar=_grammar(grammar, msg.response_format.json_schema),
             logprobs=msg.logprobs,
             top_logprobs=msg.top_logprobs,
         )
@@ -281,6 +280,15 @@ class GenerationRequest:
                 raise InvalidRequest(
                     f"stop sequences are limited to {MAX_STOP_SEQUENCE_CHARS} characters"
                 )
+
+
+def _grammar(grammar: str | None, json_schema: str) -> str | None:
+    if grammar is None and not json_schema:
+        return None
+    # Imported only when needed: it loads llama.cpp, which start-up must not pay for.
+    from service.decode.grammar import resolve_grammar
+
+    return resolve_grammar(grammar, json_schema)
 
 
 class FinishReason(enum.Enum):

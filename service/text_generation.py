@@ -14,15 +14,18 @@ from dataclasses import dataclass
 from service.backends.base import TextBackend
 from service.chat_template import render_chat
 from service.config import Settings
-from service.decode.loop import DecodePlan, fit_max_tokens
-from service.generation import GenerationEvent, GenerationRequest, Started
+from service.decode.loop import DecodeEvent, DecodePlan, fit_max_tokens
+from service.generation import Finished, GenerationEvent, GenerationRequest, Started
 from service.models.pool import LoadedModel, ModelPool
+from service.tools.base import ToolCallParser
+from service.tools.conventions import parser_for_template, with_tool_calls
 
 
 @dataclass(frozen=True)
 class _Prepared:
     started: Started
     plan: DecodePlan
+    tool_parser: ToolCallParser
 
 
 class TextGenerator:
@@ -35,7 +38,10 @@ class TextGenerator:
         async with self._pool.use(request.model) as model:
             prepared = await model.worker.call(lambda: self._prepare(model, request))
             yield prepared.started
-            async for event in model.decoder.stream(prepared.plan, received_at):
+            events = model.decoder.stream(prepared.plan, received_at)
+            if request.tools:
+                events = _with_parsed_tool_calls(events, prepared.tool_parser)
+            async for event in events:
                 yield event
 
     def _prepare(self, model: LoadedModel, request: GenerationRequest) -> _Prepared:
@@ -54,6 +60,8 @@ class TextGenerator:
             stop=request.stop,
             sampling=request.sampling.resolve(backend.sampling_defaults()),
             time_limit_s=self._settings.max_decode_seconds,
+            grammar=request.grammar,
+            top_logprobs=request.top_logprobs if request.logprobs else None,
         )
         started = Started(
             model=model.name,
@@ -61,7 +69,7 @@ class TextGenerator:
             prompt_tokens=len(prompt_ids),
             context_length=backend.context_length,
         )
-        return _Prepared(started, plan)
+        return _Prepared(started, plan, parser_for_template(_template(model)))
 
 
 def _prompt_ids(model: LoadedModel, request: GenerationRequest) -> list[int]:
@@ -69,13 +77,30 @@ def _prompt_ids(model: LoadedModel, request: GenerationRequest) -> list[int]:
     if request.prompt is not None:
         return backend.tokenize(request.prompt, add_bos=backend.adds_bos)
     tokens = backend.template_tokens
-    text = render_chat(
-        model.spec.chat_template or backend.chat_template,
-        request.messages,
-        tokens,
-        model.name,
-    )
+    text = render_chat(_template(model), request.messages, tokens, model.name, request.tools)
     # Templates that write the BOS token themselves must not get a second one.
     bos = tokens.get("bos_token", "")
     add_bos = backend.adds_bos and not (bos and text.startswith(bos))
     return backend.tokenize(text, add_bos=add_bos)
+
+
+def _template(model: LoadedModel) -> str | None:
+    """The chat template: the operator's for this model, else the model's own."""
+    return model.spec.chat_template or model.text.chat_template
+
+
+async def _with_parsed_tool_calls(
+    events: AsyncIterator[DecodeEvent], parser: ToolCallParser
+) -> AsyncIterator[DecodeEvent]:
+    """Pass the events on; the final one also carries the tool calls in the text.
+
+    The text itself streams as the model writes it, call blocks included: a
+    call is only known to be one once its block is complete.
+    """
+    text: list[str] = []
+    async for event in events:
+        if isinstance(event, Finished):
+            event = with_tool_calls(event, parser.parse("".join(text)))
+        else:
+            text.append(event.text)
+        yield event

@@ -19,7 +19,7 @@ from collections.abc import Generator, Sequence
 from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
 
-from service.generation import SamplingDefaults, SamplingParams
+from service.generation import SamplingDefaults, SamplingParams, TokenLogprob
 
 
 @dataclass
@@ -42,6 +42,18 @@ class SequenceRequest:
     sampling: SamplingParams
     # Tokens the sequence may still generate; the backend reserves room for them.
     max_tokens: int
+    # GBNF text every sampled token must fit; None for free text.
+    grammar: str | None = None
+    # Report each token's logprob with this many alternatives; None: no logprobs.
+    top_logprobs: int | None = None
+
+
+@dataclass(frozen=True)
+class Sampled:
+    """A token a sequence sampled, with its logprobs when the request asked."""
+
+    token: int
+    logprob: TokenLogprob | None = None
 
 
 class ActiveSequence(Protocol):
@@ -114,13 +126,17 @@ class SequenceStepper(Protocol):
         ...
 
     def start(self, request: SequenceRequest) -> ActiveSequence | None:
-        """Claim cache room for a new sequence, or None when there is none now."""
+        """Claim cache room for a new sequence, or None when there is none now.
+
+        Raises a ServiceError when this request cannot run at all (a grammar
+        the model's vocabulary cannot satisfy, a feature the backend lacks).
+        """
         ...
 
-    def step(self, sequences: Sequence[ActiveSequence]) -> list[int | None]:
+    def step(self, sequences: Sequence[ActiveSequence]) -> list[Sampled | None]:
         """Advance every sequence by one scheduler step.
 
-        Returns, per sequence, the token it sampled, or None while its prompt
+        Returns, per sequence, what it sampled, or None while its prompt
         is still being evaluated (long prompts take several steps).
         """
         ...

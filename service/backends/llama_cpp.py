@@ -22,13 +22,15 @@ from pathlib import Path
 from typing import Any
 
 import llama_cpp
+import numpy as np
 import structlog
 from llama_cpp._internals import LlamaContext, LlamaModel
 
-from service.backends.base import ActiveSequence, SequenceRequest
+from service.backends.base import ActiveSequence, Sampled, SequenceRequest
 from service.backends.kv_slots import Placement, Slot, SlotTable
 from service.backends.llama_batch import Batch, Chunk
 from service.backends.llama_sampling import SamplerChain
+from service.backends.logprobs import token_logprob
 from service.errors import BackendFailure
 from service.generation import SamplingDefaults
 
@@ -129,6 +131,7 @@ class LlamaSequence:
     cached_prompt_tokens: int
     # Tokens to evaluate next: what is left of the prompt, then the last sample.
     pending: list[int]
+    top_logprobs: int | None = None
     decoding: bool = False
 
 
@@ -208,29 +211,42 @@ class LlamaCppBackend:
         placement = self._slots.place(prompt, request.max_tokens)
         if placement is None:
             return None
+        # Built first: a grammar this vocabulary cannot satisfy refuses the request.
+        sampler = SamplerChain(request.sampling, prompt, self._vocab, request.grammar)
         placement = self._arrange_cache(placement)
         self._slots.occupy(placement, len(prompt), request.max_tokens)
         return LlamaSequence(
             slot=placement.slot,
-            sampler=SamplerChain(request.sampling, prompt, self._n_vocab),
+            sampler=sampler,
             cached_prompt_tokens=placement.reuse,
             pending=list(prompt[placement.reuse :]),
+            top_logprobs=request.top_logprobs,
         )
 
-    def step(self, sequences: Sequence[ActiveSequence]) -> list[int | None]:
+    def step(self, sequences: Sequence[ActiveSequence]) -> list[Sampled | None]:
         own = [_own(sequence) for sequence in sequences]
         chunks = self._plan_step(own)
         outputs = self._batch.decode(self._context.ctx, list(chunks.values()))
-        sampled: dict[int, int] = {}
+        sampled: dict[LlamaSequence, Sampled] = {}
         for (sequence, chunk), output in zip(chunks.items(), outputs, strict=True):
             sequence.slot.tokens.extend(chunk.tokens)
             del sequence.pending[: len(chunk.tokens)]
             if output >= 0:
-                token = sequence.sampler.sample(self._context.ctx, output)
-                sequence.pending, sequence.decoding = [token], True
-                sampled[id(sequence)] = token
+                sampled[sequence] = self._sample(sequence, output)
         self._count_down_fault(len(sampled))
-        return [sampled.get(id(sequence)) for sequence in own]
+        return [sampled.get(sequence) for sequence in own]
+
+    def _sample(self, sequence: LlamaSequence, output: int) -> Sampled:
+        # Logprobs read the raw logits, which sampling leaves as they are.
+        context = self._context.ctx
+        token = sequence.sampler.sample(context, output)
+        sequence.pending, sequence.decoding = [token], True
+        if sequence.top_logprobs is None:
+            return Sampled(token)
+        logits = np.ctypeslib.as_array(
+            llama_cpp.llama_get_logits_ith(context, output), shape=(self._n_vocab,)
+        )
+        return Sampled(token, token_logprob(logits, token, sequence.top_logprobs, self.token_bytes))
 
     def finish(self, sequence: ActiveSequence) -> None:
         own = _own(sequence)

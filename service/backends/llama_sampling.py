@@ -1,8 +1,10 @@
 """One llama.cpp sampler chain per sequence.
 
 Each sequence in a batch samples on its own: its own parameters, its own
-random generator seeded from the request, its own repetition history. A
-chain is created when the sequence starts and freed when it finishes.
+random generator seeded from the request, its own repetition history and
+grammar state. A chain is created when the sequence starts and freed when it
+finishes. The order follows llama-cpp-python's own: penalties, grammar, then
+the truncations and the draw (or greedy at temperature 0).
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ from typing import cast
 
 import llama_cpp
 
+from service.errors import InvalidRequest
 from service.generation import SamplingParams
 
 # How many recent tokens the repetition penalty looks at (llama.cpp's default).
@@ -21,12 +24,22 @@ PENALTY_WINDOW = 64
 class SamplerChain:
     """A llama.cpp sampler chain; not thread-safe, freed with `close`."""
 
-    def __init__(self, params: SamplingParams, history: Sequence[int], n_vocab: int) -> None:
+    def __init__(
+        self,
+        params: SamplingParams,
+        history: Sequence[int],
+        vocab: llama_cpp.llama_vocab_p,
+        grammar: str | None = None,
+    ) -> None:
+        constraint = None if grammar is None else _grammar(vocab, grammar)
         self._chain = llama_cpp.llama_sampler_chain_init(
             llama_cpp.llama_sampler_chain_default_params()
         )
         if params.repeat_penalty != 1.0:
+            n_vocab = llama_cpp.llama_vocab_n_tokens(vocab)
             self._add(_penalties(params.repeat_penalty, history, n_vocab))
+        if constraint is not None:
+            self._add(constraint)
         if params.temperature == 0:
             self._add(llama_cpp.llama_sampler_init_greedy())
             return
@@ -47,6 +60,18 @@ class SamplerChain:
 
     def _add(self, sampler: llama_cpp.llama_sampler_p) -> None:
         llama_cpp.llama_sampler_chain_add(self._chain, sampler)
+
+
+def _grammar(vocab: llama_cpp.llama_vocab_p, grammar: str) -> llama_cpp.llama_sampler_p:
+    sampler = llama_cpp.llama_sampler_init_grammar(vocab, grammar.encode("utf-8"), b"root")
+    if not sampler:
+        # The text parsed before the request was queued (service.decode.grammar), so
+        # what fails here is a token reference (<think>, <[1234]>) this vocabulary lacks.
+        raise InvalidRequest(
+            "the grammar refers to tokens this model's vocabulary does not have; "
+            "llama.cpp's log names them"
+        )
+    return cast(llama_cpp.llama_sampler_p, sampler)
 
 
 def _penalties(

@@ -27,6 +27,7 @@ from service.generation import (
     FinishReason,
     SamplingParams,
     Timing,
+    TokenLogprob,
     Usage,
 )
 
@@ -41,6 +42,10 @@ class DecodePlan:
     sampling: SamplingParams
     # Wall-clock ceiling on decoding, in seconds; None for no ceiling.
     time_limit_s: float | None
+    # GBNF text every sampled token must fit; None for free text.
+    grammar: str | None = None
+    # Report each token's logprob with this many alternatives; None: no logprobs.
+    top_logprobs: int | None = None
 
 
 def fit_max_tokens(
@@ -104,9 +109,11 @@ class SequenceDecoder:
         limit = plan.time_limit_s
         self._deadline = None if limit is None else self._progress.started_at + limit
         self._assembler = TextAssembler(plan.stop)
+        # Logprobs of the tokens the assembler still holds back, in order.
+        self._held_logprobs: list[TokenLogprob] = []
         self.done = False
 
-    def push(self, token: int) -> list[DecodeEvent]:
+    def push(self, token: int, logprob: TokenLogprob | None = None) -> list[DecodeEvent]:
         now = time.monotonic()
         progress = self._progress
         if progress.first_token_at is None:
@@ -114,8 +121,10 @@ class SequenceDecoder:
         if self._backend.is_end_of_generation(token):
             return self.finish(FinishReason.END_OF_TURN)
         progress.completion_tokens += 1
+        if logprob is not None:
+            self._held_logprobs.append(logprob)
         released = self._assembler.push(token, self._backend.token_bytes(token))
-        events: list[DecodeEvent] = list(_delta(released))
+        events: list[DecodeEvent] = list(self._delta(released))
         if released.stop_sequence is not None:
             return events + self.finish(FinishReason.STOP_SEQUENCE, released.stop_sequence)
         if progress.completion_tokens >= self._plan.max_tokens:
@@ -128,7 +137,7 @@ class SequenceDecoder:
         self.done = True
         events: list[DecodeEvent] = []
         if reason is not FinishReason.STOP_SEQUENCE:
-            events.extend(_delta(self._assembler.flush()))
+            events.extend(self._delta(self._assembler.flush()))
         usage = Usage(
             prompt_tokens=len(self._plan.prompt_ids),
             completion_tokens=self._progress.completion_tokens,
@@ -145,10 +154,14 @@ class SequenceDecoder:
         )
         return events
 
-
-def _delta(released: Released) -> Iterator[Delta]:
-    if released.text:
-        yield Delta(released.text, released.token_ids)
+    def _delta(self, released: Released) -> Iterator[Delta]:
+        # The assembler releases every token it held at once (or drops them all
+        # with a stop sequence), so the held logprobs go the same way.
+        logprobs = tuple(self._held_logprobs[: len(released.token_ids)])
+        if released.token_ids or released.stop_sequence is not None:
+            self._held_logprobs.clear()
+        if released.text:
+            yield Delta(released.text, released.token_ids, logprobs)
 
 
 def decode(

@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from service.backends.base import (
     ActiveSequence,
     BatchingBackend,
+    Sampled,
     SequenceRequest,
     SequenceStepper,
     StreamingBackend,
@@ -32,7 +33,7 @@ from service.backends.base import (
     TokenStream,
 )
 from service.decode.loop import DecodeEvent, DecodePlan, SequenceDecoder
-from service.errors import Overloaded, Unavailable
+from service.errors import NotSupported, Overloaded, ServiceError, Unavailable
 from service.models.worker import Channel, ModelWorker
 
 
@@ -101,9 +102,11 @@ class DecodeScheduler:
         while self._waiting and len(self._active) < self._stepper.max_sequences:
             request = self._waiting[0]
             plan = request.plan
-            sequence = self._stepper.start(
-                SequenceRequest(plan.prompt_ids, plan.sampling, plan.max_tokens)
-            )
+            try:
+                sequence = self._stepper.start(_sequence_request(plan))
+            except ServiceError as exc:  # this request cannot run; the others can
+                self._waiting.popleft().channel.close(exc)
+                continue
             if sequence is None:
                 if not self._active:  # nothing will ever free room for it
                     self._waiting.popleft().channel.close(
@@ -125,14 +128,14 @@ class DecodeScheduler:
         except Exception as exc:
             self._fail_all(exc)
             return
-        for request, token in zip(active, tokens, strict=True):
-            if token is not None:
-                self._deliver(request, token)
+        for request, sampled in zip(active, tokens, strict=True):
+            if sampled is not None:
+                self._deliver(request, sampled)
 
-    def _deliver(self, request: _Request, token: int) -> None:
+    def _deliver(self, request: _Request, sampled: Sampled) -> None:
         decoder = request.decoder
         assert decoder is not None  # set when the request became active
-        for event in decoder.push(token):
+        for event in decoder.push(sampled.token, sampled.logprob):
             request.channel.send(event)
         if decoder.done:
             self._retire(request)
@@ -150,6 +153,16 @@ class DecodeScheduler:
             request.channel.close(Unavailable(self._failure + "; retry"))
         self._active.clear()
         self._waiting.clear()
+
+
+def _sequence_request(plan: DecodePlan) -> SequenceRequest:
+    return SequenceRequest(
+        prompt_ids=plan.prompt_ids,
+        sampling=plan.sampling,
+        max_tokens=plan.max_tokens,
+        grammar=plan.grammar,
+        top_logprobs=plan.top_logprobs,
+    )
 
 
 def _sequence(request: _Request) -> ActiveSequence:
@@ -186,13 +199,18 @@ class OneAtATime:
         return 1
 
     def start(self, request: SequenceRequest) -> ActiveSequence | None:
+        if request.grammar is not None or request.top_logprobs is not None:
+            raise NotSupported(
+                f"the {self._backend.name} backend does not constrain output with a grammar "
+                "or report logprobs; use a GGUF model (llama.cpp) for those"
+            )
         if self._busy:
             return None
         self._busy = True
         return _Streaming(self._backend.generate(request.prompt_ids, request.sampling))
 
-    def step(self, sequences: Sequence[ActiveSequence]) -> list[int | None]:
-        return [self._next_token(sequence) for sequence in sequences]
+    def step(self, sequences: Sequence[ActiveSequence]) -> list[Sampled | None]:
+        return [Sampled(self._next_token(sequence)) for sequence in sequences]
 
     def finish(self, sequence: ActiveSequence) -> None:
         self._streaming(sequence).stream.tokens.close()
