@@ -65,20 +65,24 @@ class SlotTable:
     def place(self, prompt: Sequence[int], max_tokens: int) -> Placement | None:
         """Where a new sequence goes, or None when the cache has no room now.
 
-        The last prompt token is never reused, so that the logits the first
-        sample reads are computed for this prompt.
+        A prompt that extends everything an idle slot holds continues in that
+        slot. A prompt sharing only part of a slot (a common system prompt, a
+        branch of a conversation) gets the shared prefix copied into another
+        slot (in a unified cache the copy shares cells), so the conversation
+        cached there survives for its own next turn. The last prompt token is
+        never reused, so that the logits the first sample reads are this prompt's.
         """
         donor, common = self._longest_prefix(prompt[:-1])
-        target = donor if donor is not None and not donor.busy and common else self._free_slot()
+        if donor is not None and not donor.busy and common == len(donor.tokens):
+            return self._placement(donor, keep=common, copy_from=None, need=prompt, more=max_tokens)
+        target = self._free_slot(exclude=donor)
+        if target is None and donor is not None and not donor.busy:
+            # No other slot is free: branch off inside the donor itself.
+            return self._placement(donor, keep=common, copy_from=None, need=prompt, more=max_tokens)
         if target is None:
             return None
-        evict = self._evictions(target, need=len(prompt) + max_tokens)
-        if evict is None:
-            return None
-        if donor is target:
-            return Placement(target, evict, keep=common, copy_from=None, reuse=common)
-        # A busy slot shares its prefix; an idle one would have been reused in place.
-        return Placement(target, evict, keep=0, copy_from=donor if common else None, reuse=common)
+        copy_from = donor if common else None
+        return self._placement(target, keep=0, copy_from=copy_from, need=prompt, more=max_tokens)
 
     def occupy(self, placement: Placement, prompt_length: int, max_tokens: int) -> None:
         """Record a placement as carried out."""
@@ -104,20 +108,32 @@ class SlotTable:
                 best, best_length = slot, length
         return best, best_length
 
-    def _free_slot(self) -> Slot | None:
+    def _placement(
+        self, slot: Slot, keep: int, copy_from: Slot | None, need: Sequence[int], more: int
+    ) -> Placement | None:
+        reuse = keep if copy_from is None else common_prefix_length(copy_from.tokens, need[:-1])
+        evict = self._evictions(slot, len(need) + more, spare=copy_from)
+        if evict is None:
+            return None
+        return Placement(slot, evict, keep, copy_from, reuse)
+
+    def _free_slot(self, exclude: Slot | None) -> Slot | None:
         """An idle slot to start afresh in: an empty one, else the least recently used."""
-        idle = [slot for slot in self.slots if not slot.busy]
+        idle = [slot for slot in self.slots if not slot.busy and slot is not exclude]
         if not idle:
             return None
         return min(idle, key=lambda slot: (bool(slot.tokens), slot.last_used))
 
-    def _evictions(self, target: Slot, need: int) -> tuple[Slot, ...] | None:
-        """Idle slots to empty, least recently used first, so that `need` more fits."""
+    def _evictions(self, target: Slot, need: int, spare: Slot | None) -> tuple[Slot, ...] | None:
+        """Idle slots to empty, least recently used first, so that `need` more fits.
+
+        `spare` (the slot a prefix is copied from) is not evicted.
+        """
         others = [slot for slot in self.slots if slot is not target]
         used = sum(slot.charged for slot in others) + need
         evict: list[Slot] = []
         candidates = sorted(
-            (slot for slot in others if not slot.busy and slot.tokens),
+            (slot for slot in others if not slot.busy and slot.tokens and slot is not spare),
             key=lambda slot: slot.last_used,
         )
         for slot in candidates:

@@ -82,7 +82,7 @@ class DecodeScheduler:
     def _enqueue(self, request: _Request) -> None:
         if self._failure is not None:
             request.channel.close(Unavailable(self._failure))
-        elif len(self._waiting) >= self._max_waiting:
+        elif len(self._waiting) >= self._max_waiting + self._free_places():
             request.channel.close(
                 Overloaded(
                     f"{len(self._active)} generations are running on this model and "
@@ -92,6 +92,10 @@ class DecodeScheduler:
             )
         else:
             self._waiting.append(request)
+
+    def _free_places(self) -> int:
+        """Places in the batch that a request may take at the next step."""
+        return max(self._stepper.max_sequences - len(self._active), 0)
 
     def _drop_cancelled(self) -> None:
         for request in [r for r in self._active if r.channel.cancelled.is_set()]:

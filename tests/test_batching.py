@@ -1,0 +1,195 @@
+"""Concurrent generations on one model decode together, each on its own terms."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
+from typing import TypeVar
+
+import grpc
+import pytest
+
+from inference.v1 import inference_pb2 as pb
+from inference.v1 import inference_pb2_grpc as pb_grpc
+from tests.conftest import RunningServer, collect, finished_of, make_settings, serving, text_of
+
+T = TypeVar("T")
+
+PROMPTS = (
+    "The three primary colours are",
+    "def fibonacci(n):",
+    "Once upon a time, in a small village,",
+    "The French word for cat is",
+)
+
+
+def greedy(prompt: str, max_tokens: int = 12, **fields: object) -> pb.GenerateRequest:
+    return pb.GenerateRequest(
+        prompt=prompt,
+        max_tokens=max_tokens,
+        temperature=0.0,
+        **fields,  # type: ignore[arg-type]
+    )
+
+
+def token_ids(events: list[pb.GenerateResponse]) -> list[int]:
+    return [t for e in events if e.WhichOneof("event") == "delta" for t in e.delta.token_ids]
+
+
+def all_at_once(calls: list[Callable[[], T]]) -> list[T]:
+    """Run the calls on threads released together, so their requests overlap."""
+    barrier = threading.Barrier(len(calls))
+
+    def run(call: Callable[[], T]) -> T:
+        barrier.wait()
+        return call()
+
+    with ThreadPoolExecutor(max_workers=len(calls)) as pool:
+        return list(pool.map(run, calls))
+
+
+@pytest.fixture(scope="module")
+def batching() -> Iterator[tuple[RunningServer, pb_grpc.InferenceStub]]:
+    with serving(make_settings(parallel_sequences=4, cached_sequences=4)) as running:
+        yield running
+
+
+def test_identical_prompts_in_one_batch_give_identical_text(
+    batching: tuple[RunningServer, pb_grpc.InferenceStub],
+) -> None:
+    _, stub = batching
+    results = all_at_once([lambda: collect(stub.Generate(greedy(PROMPTS[0])))] * 4)
+    assert len({tuple(token_ids(events)) for events in results}) == 1
+    assert all(finished_of(events).usage.completion_tokens == 12 for events in results)
+
+
+def test_each_batched_stream_continues_its_own_prompt(
+    batching: tuple[RunningServer, pb_grpc.InferenceStub],
+) -> None:
+    _, stub = batching
+    alone = [token_ids(collect(stub.Generate(greedy(prompt)))) for prompt in PROMPTS]
+
+    def run(prompt: str) -> Callable[[], list[pb.GenerateResponse]]:
+        return lambda: collect(stub.Generate(greedy(prompt)))
+
+    together = all_at_once([run(prompt) for prompt in PROMPTS])
+    for index, events in enumerate(together):
+        ids = token_ids(events)
+        # Batched arithmetic may drift from a lone run after some tokens, never at once.
+        assert ids[:4] == alone[index][:4], PROMPTS[index]
+        others = [alone[i][:4] for i in range(len(PROMPTS)) if i != index]
+        assert ids[:4] not in others
+
+
+def test_batched_streams_keep_their_own_limits_stops_and_cancellation(
+    batching: tuple[RunningServer, pb_grpc.InferenceStub],
+) -> None:
+    _, stub = batching
+    reference = text_of(collect(stub.Generate(greedy(PROMPTS[2], max_tokens=20))))
+    stop = reference.split()[3]  # a word the model will write in the same run
+
+    def cancelled_after_two() -> str:
+        call = stub.Generate(greedy("Count: 1, 2, 3,", max_tokens=200))
+        deltas = 0
+        for event in call:
+            deltas += event.WhichOneof("event") == "delta"
+            if deltas == 2:
+                call.cancel()
+                break
+        return str(call.code().name)
+
+    def finished(request: pb.GenerateRequest) -> pb.GenerationFinished:
+        return finished_of(collect(stub.Generate(request)))
+
+    outcomes: list[pb.GenerationFinished | str] = all_at_once(
+        [
+            lambda: finished(greedy(PROMPTS[0], max_tokens=3)),
+            lambda: finished(greedy(PROMPTS[1], max_tokens=9)),
+            lambda: finished(greedy(PROMPTS[2], max_tokens=20, stop=[stop])),
+            cancelled_after_two,
+        ]
+    )
+    short, longer, stopped, cancelled = outcomes
+    assert isinstance(short, pb.GenerationFinished)
+    assert isinstance(longer, pb.GenerationFinished)
+    assert isinstance(stopped, pb.GenerationFinished)
+    assert (short.usage.completion_tokens, short.finish_reason) == (3, pb.FINISH_REASON_LENGTH)
+    assert (longer.usage.completion_tokens, longer.finish_reason) == (9, pb.FINISH_REASON_LENGTH)
+    assert stopped.finish_reason == pb.FINISH_REASON_STOP_SEQUENCE
+    assert stopped.stop_sequence == stop
+    assert cancelled == "CANCELLED"
+
+
+def test_a_newcomer_streams_while_a_long_generation_runs(
+    batching: tuple[RunningServer, pb_grpc.InferenceStub],
+) -> None:
+    _, stub = batching
+    long_call = stub.Generate(greedy("Count: 1, 2, 3,", max_tokens=150))
+    next(long_call)  # started
+    next(long_call)  # its first token: it is decoding now
+    started = time.monotonic()
+    newcomer = collect(stub.Generate(greedy("Hello", max_tokens=3)))
+    newcomer_done = time.monotonic() - started
+    rest = list(long_call)
+    assert finished_of(rest).usage.completion_tokens == 150
+    # Served one after another, the newcomer would wait for ~150 tokens first.
+    assert finished_of(newcomer).timing.queue_ms < 500
+    assert newcomer_done < 0.5 * (time.monotonic() - started)
+
+
+def test_a_second_turn_evaluates_only_its_new_tokens(
+    batching: tuple[RunningServer, pb_grpc.InferenceStub],
+) -> None:
+    _, stub = batching
+
+    def turn(history: list[pb.ChatMessage]) -> list[pb.GenerateResponse]:
+        return collect(
+            stub.Generate(pb.GenerateRequest(messages=history, max_tokens=16, temperature=0))
+        )
+
+    conversation = [pb.ChatMessage(role="user", content="Name a fruit.")]
+    first = turn(conversation)
+    conversation += [
+        pb.ChatMessage(role="assistant", content=text_of(first)),
+        pb.ChatMessage(role="user", content="And a vegetable?"),
+    ]
+    other = [pb.ChatMessage(role="user", content="What is two plus two?")]
+    turn(other)  # another conversation in between keeps its own slot
+    second = turn(conversation)
+    first_prompt = first[0].started.prompt_tokens
+    assert finished_of(second).usage.cached_prompt_tokens >= first_prompt
+    assert finished_of(turn(other)).usage.cached_prompt_tokens > 0
+
+
+def test_a_cached_turn_gives_the_tokens_of_a_cold_run() -> None:
+    prompt = "The capital of Italy is Rome. The capital of Spain is"
+    request = greedy(prompt, max_tokens=10)
+    with serving(make_settings(parallel_sequences=1, cached_sequences=1)) as (_, stub):
+        cold = collect(stub.Generate(request))
+        warm = collect(stub.Generate(request))
+    assert finished_of(cold).usage.cached_prompt_tokens == 0
+    assert finished_of(warm).usage.cached_prompt_tokens == finished_of(cold).usage.prompt_tokens - 1
+    assert token_ids(warm) == token_ids(cold)
+
+
+def test_beyond_the_waiting_bound_requests_are_refused_at_once() -> None:
+    settings = make_settings(parallel_sequences=1, max_waiting_sequences=0)
+    with serving(settings) as (_, stub):
+        running = stub.Generate(greedy("Count: 1, 2, 3,", max_tokens=100))
+        next(running)
+        next(running)  # decoding: the model's one place is taken
+        started = time.monotonic()
+        with pytest.raises(grpc.RpcError) as caught:
+            collect(stub.Generate(greedy("Hello", max_tokens=2)))
+        assert caught.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+        assert "retry" in (caught.value.details() or "")
+        assert time.monotonic() - started < 2
+        running.cancel()
+        assert (
+            finished_of(
+                collect(stub.Generate(greedy("Hello", max_tokens=2)))
+            ).usage.completion_tokens
+            == 2
+        )

@@ -1,0 +1,107 @@
+"""Which cached sequence a new request reuses, and what makes room: pure bookkeeping."""
+
+from __future__ import annotations
+
+from service.backends.kv_slots import SlotTable
+
+
+def started(table: SlotTable, prompt: list[int], max_tokens: int = 4) -> int:
+    """Place and occupy; returns the sequence id used."""
+    placement = table.place(prompt, max_tokens)
+    assert placement is not None
+    table.occupy(placement, len(prompt), max_tokens)
+    return placement.slot.seq_id
+
+
+def finish(table: SlotTable, seq_id: int, evaluated: list[int]) -> None:
+    slot = table.slots[seq_id]
+    slot.tokens = list(evaluated)
+    table.release(slot)
+
+
+def test_a_prompt_extending_a_finished_sequence_reuses_it_in_place() -> None:
+    table = SlotTable(slots=4, capacity=100)
+    first = started(table, [1, 2, 3])
+    finish(table, first, [1, 2, 3, 7, 8])
+    placement = table.place([1, 2, 3, 7, 8, 9, 10], max_tokens=4)
+    assert placement is not None
+    assert placement.slot.seq_id == first
+    assert (placement.keep, placement.reuse, placement.copy_from) == (5, 5, None)
+
+
+def test_the_last_prompt_token_is_always_evaluated_again() -> None:
+    table = SlotTable(slots=2, capacity=100)
+    finish(table, started(table, [1, 2, 3]), [1, 2, 3])
+    placement = table.place([1, 2, 3], max_tokens=4)
+    assert placement is not None
+    assert placement.reuse == 2
+
+
+def test_a_diverging_prompt_copies_the_shared_prefix_and_spares_the_conversation() -> None:
+    table = SlotTable(slots=2, capacity=100)
+    conversation = started(table, [1, 2, 3])
+    finish(table, conversation, [1, 2, 3, 4, 5])
+    placement = table.place([1, 2, 9, 9], max_tokens=4)
+    assert placement is not None
+    assert placement.slot.seq_id != conversation
+    assert placement.copy_from is table.slots[conversation]
+    assert placement.reuse == 2
+    table.occupy(placement, 4, 4)
+    assert table.slots[conversation].tokens == [1, 2, 3, 4, 5]
+
+
+def test_without_a_free_slot_a_branch_trims_the_conversation_it_shares() -> None:
+    table = SlotTable(slots=1, capacity=100)
+    finish(table, started(table, [1, 2, 3]), [1, 2, 3, 4, 5])
+    placement = table.place([1, 2, 9, 9], max_tokens=4)
+    assert placement is not None
+    assert (placement.keep, placement.reuse, placement.copy_from) == (2, 2, None)
+
+
+def test_a_running_sequence_shares_its_prefix_by_copy() -> None:
+    table = SlotTable(slots=3, capacity=100)
+    running = started(table, [5, 6, 7, 8])
+    table.slots[running].tokens = [5, 6, 7, 8]  # its prompt is evaluated
+    placement = table.place([5, 6, 7, 1, 2], max_tokens=4)
+    assert placement is not None
+    assert placement.slot.seq_id != running
+    assert placement.copy_from is table.slots[running]
+    assert placement.reuse == 3
+
+
+def test_several_conversations_stay_cached_side_by_side() -> None:
+    table = SlotTable(slots=4, capacity=100)
+    finish(table, started(table, [1, 1, 1]), [1, 1, 1, 2])
+    finish(table, started(table, [3, 3, 3]), [3, 3, 3, 4])
+    first_again = table.place([1, 1, 1, 2, 5], max_tokens=4)
+    second_again = table.place([3, 3, 3, 4, 5], max_tokens=4)
+    assert first_again is not None
+    assert first_again.reuse == 4
+    assert second_again is not None
+    assert second_again.reuse == 4
+
+
+def test_the_least_recently_used_idle_conversation_is_evicted_for_room() -> None:
+    table = SlotTable(slots=4, capacity=30)
+    old = started(table, [1] * 10)
+    finish(table, old, [1] * 10)
+    recent = started(table, [2] * 10)
+    finish(table, recent, [2] * 10)
+    placement = table.place([3] * 10, max_tokens=5)  # 15 more: only 10 are free
+    assert placement is not None
+    assert [slot.seq_id for slot in placement.evict] == [old]
+
+
+def test_no_room_while_running_sequences_hold_the_cache() -> None:
+    table = SlotTable(slots=4, capacity=30)
+    started(table, [1] * 10, max_tokens=10)
+    assert table.place([2] * 10, max_tokens=5) is None  # 20 reserved + 15 > 30
+    assert table.place([2] * 5, max_tokens=5) is not None
+
+
+def test_a_busy_slot_is_never_chosen_or_evicted() -> None:
+    table = SlotTable(slots=2, capacity=100)
+    busy = started(table, [1, 2, 3])
+    other = started(table, [1, 2, 3])
+    assert busy != other
+    assert table.place([1, 2, 3], max_tokens=1) is None  # both slots run
