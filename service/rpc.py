@@ -1,9 +1,12 @@
 """Where exceptions become gRPC statuses, and where each RPC is logged.
 
-Every servicer method is wrapped by `unary_rpc` or `stream_rpc`. A
-`ServiceError` becomes its own status and message; anything else becomes
-INTERNAL with a generic message and a logged traceback. Each RPC writes one
-summary line with whatever the method put in its `summary` dict.
+Every servicer method is wrapped by `unary_rpc` or `stream_rpc`. Before the
+method runs, the RPC gets its request id (bound into every log line and sent
+back as `x-request-id` response metadata) and, when the server requires one,
+its bearer token is checked. A `ServiceError` becomes its own status and
+message; anything else becomes INTERNAL with a generic message and a logged
+traceback. Each RPC writes one summary line with whatever the method put in
+its `summary` dict.
 """
 
 from __future__ import annotations
@@ -18,8 +21,10 @@ import grpc
 import structlog
 
 from service.errors import ServiceError
+from service.request_id import METADATA_KEY, request_id_from
 
 if TYPE_CHECKING:
+    from service.auth import BearerAuth
     from service.metrics import Metrics
 
 log = structlog.get_logger("rpc")
@@ -34,9 +39,10 @@ INTERNAL_MESSAGE = "internal error while serving the request; the server log has
 
 
 class Observed(Protocol):
-    """A servicer whose RPCs are counted in its metrics."""
+    """A servicer whose RPCs are counted in its metrics, and guarded by its auth."""
 
     metrics: Metrics | None
+    auth: BearerAuth | None
 
 
 class _RpcOutcome:
@@ -50,6 +56,16 @@ class _RpcOutcome:
         self._started = time.monotonic()
         if metrics is not None:
             metrics.rpc_started(method)
+
+    async def begin(self, context: Context, auth: BearerAuth | None) -> None:
+        """Bind the request id and send it back, then check the bearer token (may raise)."""
+        metadata = context.invocation_metadata()
+        request_id = request_id_from(metadata)
+        structlog.contextvars.clear_contextvars()  # this RPC's task has a context of its own
+        structlog.contextvars.bind_contextvars(request_id=request_id)
+        await context.send_initial_metadata(((METADATA_KEY, request_id),))
+        if auth is not None:
+            auth.check(metadata)
 
     def cancelled(self, context: Context) -> None:
         remaining = context.time_remaining()
@@ -69,7 +85,8 @@ class _RpcOutcome:
     def write(self) -> None:
         seconds = time.monotonic() - self._started
         if self._metrics is not None:
-            self._metrics.rpc_finished(self.method, self.code.name, seconds)
+            model = str(self.summary.get("model", ""))
+            self._metrics.rpc_finished(self.method, model, self.code.name, seconds)
         log.info(
             "rpc",
             rpc=self.method,
@@ -86,6 +103,7 @@ def unary_rpc(
     async def wrapper(self: Servicer, request: Request, context: Context) -> Any:
         outcome = _RpcOutcome(method.__name__, self.metrics)
         try:
+            await outcome.begin(context, self.auth)
             return await method(self, request, outcome.summary)
         except asyncio.CancelledError:
             outcome.cancelled(context)
@@ -107,6 +125,7 @@ def stream_rpc(
     ) -> AsyncIterator[Response]:
         outcome = _RpcOutcome(method.__name__, self.metrics)
         try:
+            await outcome.begin(context, self.auth)
             async for response in method(self, request, outcome.summary):
                 yield response
         except (asyncio.CancelledError, GeneratorExit):

@@ -1,9 +1,11 @@
 """The process: a grpc.aio server with the Inference, health and reflection services.
 
-Start-up binds the port, reports NOT_SERVING, loads the default model in the
-background, then reports SERVING. SIGTERM or SIGINT drains: health turns
-NOT_SERVING, new RPCs are refused, in-flight ones get the grace period to
-finish, then the process exits 0.
+Start-up binds the port (TLS when a certificate is configured), reports
+NOT_SERVING, loads the default model in the background, then reports SERVING,
+for the empty service name and for inference.v1.Inference alike. An optional
+second port serves health alone, plaintext, for probes that cannot speak TLS.
+SIGTERM or SIGINT drains: health turns NOT_SERVING, new RPCs are refused,
+in-flight ones get the grace period to finish, then the process exits 0.
 """
 
 from __future__ import annotations
@@ -20,20 +22,24 @@ from grpc_reflection.v1alpha import reflection
 from inference.v1 import inference_pb2 as pb
 from inference.v1 import inference_pb2_grpc as pb_grpc
 from service.admission import Capability, Decision, decide
+from service.auth import BearerAuth
 from service.backends import load_backend
 from service.config import Settings, load_settings
 from service.generation import GenerationLimits
 from service.image_generation import ImageGenerator
 from service.images.external import CommandResolver
 from service.images.generation import ImageLimits
+from service.limits import RequestLimits
 from service.log import configure_logging
 from service.metrics import Metrics
 from service.models.catalog import Catalog
 from service.models.memory import default_budget_bytes
 from service.models.pool import ModelPool, PoolLimits
 from service.models.sources import ModelSource, SourceResolver
+from service.overload import ConcurrencyGate
 from service.servicer import InferenceServicer
 from service.text_generation import TextGenerator
+from service.transport import server_credentials, server_options
 
 log = structlog.get_logger("server")
 
@@ -65,22 +71,29 @@ class InferenceServer:
         self.pool = build_pool(settings)
         # grpc-stubs predates health.aio, hence the ignore.
         self.health = health.aio.HealthServicer()  # type: ignore[attr-defined]
-        self._server = grpc.aio.server()
+        self._server = grpc.aio.server(options=server_options(settings))
+        self._health_server: grpc.aio.Server | None = None
         self._warm_task: asyncio.Task[None] | None = None
         self.metrics_port: int | None = None
+        self.health_port: int | None = None
         commands = CommandResolver(settings.image_command, settings.image_command_managed)
         limits = ImageLimits(
             settings.image_max_width, settings.image_max_height, settings.image_max_steps
         )
-        self.metrics = Metrics(self.pool)
+        self.gate = ConcurrencyGate(settings.max_concurrent, settings.max_queue)
+        self.metrics = Metrics(self.pool, self.gate)
+        token = settings.auth_token
         servicer = InferenceServicer(
             self.pool,
             TextGenerator(self.pool, settings),
             ImageGenerator(self.pool, settings, commands),
             limits,
-            settings.default_image_model,
-            self.metrics,
-            GenerationLimits(max_top_logprobs=settings.max_top_logprobs),
+            gate=self.gate,
+            request_limits=RequestLimits.from_settings(settings),
+            default_image_model=settings.default_image_model,
+            metrics=self.metrics,
+            auth=BearerAuth(token.get_secret_value()) if token else None,
+            generation_limits=GenerationLimits(max_top_logprobs=settings.max_top_logprobs),
         )
         pb_grpc.add_InferenceServicer_to_server(servicer, self._server)
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self._server)
@@ -88,11 +101,17 @@ class InferenceServer:
 
     async def start(self) -> int:
         """Bind and start serving; returns the bound port."""
-        port = self._server.add_insecure_port(self.settings.listen)
+        credentials = server_credentials(self.settings)
+        if credentials is None:
+            port = self._server.add_insecure_port(self.settings.listen)
+        else:
+            port = self._server.add_secure_port(self.settings.listen, credentials)
         if port == 0:
             raise SystemExit(f"cannot listen on {self.settings.listen}")
         await self._set_health(health_pb2.HealthCheckResponse.NOT_SERVING)
         await self._server.start()
+        if self.settings.health_listen:
+            self.health_port = await self._serve_health(self.settings.health_listen)
         if self.settings.metrics_listen:
             self.metrics_port = self.metrics.serve(self.settings.metrics_listen)
             log.info("metrics", address=self.settings.metrics_listen, port=self.metrics_port)
@@ -111,8 +130,21 @@ class InferenceServer:
         if self._warm_task is not None:
             self._warm_task.cancel()
         await self._server.stop(self.settings.grace_period if grace is None else grace)
+        if self._health_server is not None:
+            await self._health_server.stop(0)
         self.metrics.stop()
         await self.pool.close()
+
+    async def _serve_health(self, listen: str) -> int:
+        """grpc.health.v1 alone on a plaintext port, sharing the main port's statuses."""
+        self._health_server = grpc.aio.server()
+        health_pb2_grpc.add_HealthServicer_to_server(self.health, self._health_server)
+        port = self._health_server.add_insecure_port(listen)
+        if port == 0:
+            raise SystemExit(f"cannot listen on {listen}")
+        await self._health_server.start()
+        log.info("health", address=listen, port=port)
+        return port
 
     async def _warm_default_model(self) -> None:
         name = self.settings.default_model

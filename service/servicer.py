@@ -8,13 +8,16 @@ from inference.v1 import inference_pb2 as pb
 from inference.v1 import inference_pb2_grpc as pb_grpc
 from service.admission import Capability, Decision
 from service.admission.report import AdmissionReport
+from service.auth import BearerAuth
 from service.errors import InvalidRequest
 from service.generation import Finished, GenerationLimits, GenerationRequest, Started
 from service.image_generation import ImageGenerator
 from service.images.generation import ImageDone, ImageLimits, ImageRequest
+from service.limits import RequestLimits
 from service.metrics import Metrics
 from service.models.catalog import ModelSpec
 from service.models.pool import LoadedModel, ModelPool
+from service.overload import ConcurrencyGate
 from service.rpc import Summary, stream_rpc, unary_rpc
 from service.text_generation import TextGenerator
 
@@ -26,11 +29,17 @@ class InferenceServicer(pb_grpc.InferenceServicer):
         text: TextGenerator,
         images: ImageGenerator,
         image_limits: ImageLimits,
+        gate: ConcurrencyGate,
+        request_limits: RequestLimits,
         default_image_model: str = "",
         metrics: Metrics | None = None,
+        auth: BearerAuth | None = None,
         generation_limits: GenerationLimits | None = None,
     ) -> None:
         self.metrics = metrics
+        self.auth = auth
+        self._gate = gate
+        self._request_limits = request_limits
         self._generation_limits = generation_limits or GenerationLimits()
         self._pool = pool
         self._text = text
@@ -44,11 +53,13 @@ class InferenceServicer(pb_grpc.InferenceServicer):
     ) -> AsyncIterator[pb.GenerateResponse]:
         generation = GenerationRequest.from_pb(request, self._generation_limits)
         summary["model"] = generation.model or self._pool.catalog.default_model
-        async for event in self._text.generate(generation):
-            _summarize(event, summary)
-            if isinstance(event, Finished) and self.metrics is not None:
-                self.metrics.generation(event, summary["model"])
-            yield event.to_pb()
+        self._request_limits.check(generation)
+        async with self._gate.slot():
+            async for event in self._text.generate(generation):
+                _summarize(event, summary)
+                if isinstance(event, Finished) and self.metrics is not None:
+                    self.metrics.generation(event, summary["model"])
+                yield event.to_pb()
 
     @unary_rpc
     async def ListModels(
@@ -84,13 +95,14 @@ class InferenceServicer(pb_grpc.InferenceServicer):
     ) -> AsyncIterator[pb.GenerateImageResponse]:
         image_request = ImageRequest.from_pb(request, self._image_limits, self._default_image_model)
         summary.update(model=image_request.model, seed=image_request.seed)
-        async for event in self._images.generate(image_request):
-            if isinstance(event, ImageDone):
-                if self.metrics is not None:
-                    self.metrics.image(event)
-                summary.update(backend=event.backend, width=event.image.width)
-                summary.update(height=event.image.height, total_ms=round(event.total_ms, 1))
-            yield event.to_pb()
+        async with self._gate.slot():
+            async for event in self._images.generate(image_request):
+                if isinstance(event, ImageDone):
+                    if self.metrics is not None:
+                        self.metrics.image(event)
+                    summary.update(backend=event.backend, width=event.image.width)
+                    summary.update(height=event.image.height, total_ms=round(event.total_ms, 1))
+                yield event.to_pb()
 
     def _report(
         self, decision: Decision, weights: int, kv_cache: int, name: str

@@ -26,20 +26,30 @@ def test_metrics_count_rpcs_tokens_and_the_pool() -> None:
     with serving(make_settings(metrics_listen="127.0.0.1:0")) as (running, stub):
         port = running.server.metrics_port
         assert port
+        before = scrape(port)
         request = pb.GenerateRequest(prompt="Hello", max_tokens=3, temperature=0)
         collect(stub.Generate(request))
         with pytest.raises(grpc.RpcError):
             collect(stub.Generate(pb.GenerateRequest(prompt="Hello", top_p=5)))
         metrics = scrape(port)
     model = (("model", SMOLLM),)
-    assert metrics[("inference_rpcs_total", (("code", "OK"), ("rpc", "Generate")))] == 1
-    invalid = (("code", "INVALID_ARGUMENT"), ("rpc", "Generate"))
+    ok = (("code", "OK"), *model, ("rpc", "Generate"))
+    assert ("inference_rpcs_total", ok) not in before
+    assert metrics[("inference_rpcs_total", ok)] == 1
+    invalid = (("code", "INVALID_ARGUMENT"), ("model", ""), ("rpc", "Generate"))
     assert metrics[("inference_rpcs_total", invalid)] == 1
     assert metrics[("inference_tokens_total", (("kind", "completion"), *model))] == 3
+    assert metrics[("inference_time_per_output_token_seconds_count", model)] == 1
+    assert 0 < metrics[("inference_time_per_output_token_seconds_sum", model)] < 5
     assert metrics[("inference_tokens_total", (("kind", "prompt"), *model))] > 0
     assert metrics[("inference_time_to_first_token_seconds_count", model)] == 1
     assert metrics[("inference_rpcs_in_flight", (("rpc", "Generate"),))] == 0
     assert metrics[("inference_model_loads_total", model)] == 1
+    assert metrics[("inference_model_load_seconds_count", model)] == 1
+    assert metrics[("inference_model_load_seconds_sum", model)] > 0
+    assert metrics[("inference_models_loaded", ())] == 1
+    assert metrics[("inference_queue_depth", ())] == 0
+    assert metrics[("inference_requests_running", ())] == 0
     memory = metrics[("inference_model_memory_bytes", (("backend", "llama.cpp"), *model))]
     assert memory == metrics[("inference_pool_used_bytes", ())] > 0
     assert metrics[("inference_pool_budget_bytes", ())] >= memory

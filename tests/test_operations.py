@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import subprocess
 import sys
+import threading
+import time
 from collections.abc import Iterator
 
 import grpc
@@ -101,3 +103,30 @@ def test_start_up_imports_no_heavy_library() -> None:
     code = f"import service.server, sys; print([m for m in {heavy!r} if m in sys.modules])"
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert done.stdout.strip() == "[]"
+
+
+def test_health_port_reports_not_serving_for_both_names_while_draining() -> None:
+    """The main port refuses new RPCs during a drain; the health port says why."""
+    with serving(make_settings(health_listen="127.0.0.1:0")) as (running, stub):
+        stream = stub.Generate(
+            pb.GenerateRequest(prompt="Count: 1, 2,", max_tokens=400, temperature=0), timeout=60
+        )
+        next(stream)
+        drain = threading.Thread(target=running.run, args=(running.server.stop(grace=30),))
+        with grpc.insecure_channel(f"127.0.0.1:{running.server.health_port}") as channel:
+            health_stub = health_pb2_grpc.HealthStub(channel)
+
+            def status(service: str) -> int:
+                request = health_pb2.HealthCheckRequest(service=service)
+                return int(health_stub.Check(request, timeout=5).status)
+
+            names = ("", "inference.v1.Inference")
+            assert {status(n) for n in names} == {health_pb2.HealthCheckResponse.SERVING}
+            drain.start()
+            deadline = time.monotonic() + 10
+            while status("") != health_pb2.HealthCheckResponse.NOT_SERVING:
+                assert time.monotonic() < deadline
+                time.sleep(0.01)
+            assert {status(n) for n in names} == {health_pb2.HealthCheckResponse.NOT_SERVING}
+        assert list(stream)[-1].WhichOneof("event") == "finished"
+        drain.join(timeout=60)

@@ -9,7 +9,7 @@ from grpc_tools import protoc
 
 ROOT = Path(__file__).resolve().parent.parent
 PROTO = ROOT / "protos" / "inference" / "v1" / "inference.proto"
-TS_CLIENT = ROOT / "clients" / "typescript"
+TS_CLIENT = ROOT / "clients" / "node"
 TS_PLUGIN = TS_CLIENT / "node_modules" / ".bin" / "protoc-gen-es"
 
 
@@ -38,9 +38,9 @@ def test_committed_python_stubs_match_the_contract(tmp_path: Path) -> None:
 
 
 @pytest.mark.skipif(
-    not TS_PLUGIN.exists(), reason="the TypeScript client's npm packages are not installed"
+    not TS_PLUGIN.exists(), reason="the Node.js client's npm packages are not installed"
 )
-def test_committed_typescript_client_matches_the_contract(tmp_path: Path) -> None:
+def test_committed_node_client_matches_the_contract(tmp_path: Path) -> None:
     generate(
         tmp_path,
         f"--plugin=protoc-gen-es={TS_PLUGIN}",

@@ -111,6 +111,7 @@ class Plan:
 @dataclass
 class PoolStats:
     loads: dict[str, int] = field(default_factory=dict)
+    load_seconds: dict[str, float] = field(default_factory=dict)  # summed over loads
     evictions: list[str] = field(default_factory=list)
 
 
@@ -226,11 +227,14 @@ class ModelPool:
         need = sum(decision.memory_bytes(spec.context_size))
         await self._make_room(spec.name, need)
         worker = ModelWorker(spec.name)
+        started = time.monotonic()
         try:
             backend = await worker.call(lambda: self._loader(spec, source, decision.backend))
         except BaseException:
             worker.shutdown()
             raise
+        seconds = time.monotonic() - started
+        self.stats.load_seconds[spec.name] = self.stats.load_seconds.get(spec.name, 0.0) + seconds
         model = LoadedModel(spec, backend, worker, memory_bytes=need, capability=capability)
         if capability is Capability.TEXT:
             text = cast(TextBackend, backend)
