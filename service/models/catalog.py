@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from service.config import ModelConfig, Settings
+from service.config import FlashAttention, ModelConfig, Settings
 from service.models.embedded import EMBEDDED_MODELS, EmbeddedModel
 from service.models.sources import ModelSource, SourceResolver
 
@@ -24,6 +24,8 @@ class ModelSpec:
     context_size: int
     threads: int
     gpu_layers: int = -1
+    main_gpu: int = 0
+    flash_attention: FlashAttention = "auto"
     chat_template: str | None = None
     configured: bool = True
     source: str = ""  # the reference as configured or requested
@@ -62,6 +64,8 @@ class Catalog:
             context_size=self._settings.context_size,
             threads=self._settings.threads,
             gpu_layers=self._settings.gpu_layers,
+            main_gpu=self._settings.main_gpu,
+            flash_attention=self._settings.flash_attention,
             configured=False,
             source=name,
         )
@@ -74,6 +78,8 @@ class Catalog:
             context_size=self._settings.context_size,
             threads=self._settings.threads,
             gpu_layers=self._settings.gpu_layers,
+            main_gpu=self._settings.main_gpu,
+            flash_attention=self._settings.flash_attention,
         )
 
     def _configured_spec(self, name: str, config: ModelConfig) -> ModelSpec:
@@ -86,6 +92,8 @@ class Catalog:
             gpu_layers=self._settings.gpu_layers
             if config.gpu_layers is None
             else config.gpu_layers,
+            main_gpu=self._settings.main_gpu,
+            flash_attention=self._settings.flash_attention,
             chat_template=config.chat_template,
             source=config.source,
             backend=config.backend,
