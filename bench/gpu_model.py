@@ -2,6 +2,7 @@
 
     python -m bench.gpu_model OUT.gguf --vocab ggml-vocab-llama-bpe.gguf [--shape 1b]
         [--type F16|Q8_0|Q4_K_M|...]
+    python -m bench.gpu_model OUT.gguf --from MODEL-F16.gguf --type Q4_K_M
 
 The 1b shape has Llama-3.2-1B's dimensions (16 layers, width 2048, 32 heads, 8
 KV heads, feed-forward 8192, tied embeddings), so a decode step reads what the
@@ -12,7 +13,8 @@ any GGUF that has one: llama.cpp's vocab-only `models/ggml-vocab-llama-bpe.gguf`
 F16 and Q8_0 are written directly with the `gguf` package (Q8_0 through its own
 quantizer), with nothing else installed. Any other llama.cpp file type (Q4_K_M,
 Q6_K, ...) is written as F16 beside OUT, quantized by llama.cpp through
-llama-cpp-python (the code behind llama-quantize), and the F16 file removed.
+llama-cpp-python (the code behind llama-quantize), and the F16 file removed;
+`--from` quantizes an F16 file written earlier instead.
 
 The random weights come from seed 0 and one shared buffer (each tensor a window
 into it), so that a 1b file takes about 30 s to write, and the same arguments
@@ -176,8 +178,13 @@ def build(out: Path, vocab: Path, shape: str, file_type: str, threads: int) -> N
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("out", type=Path, help="the GGUF file to write")
-    parser.add_argument(
-        "--vocab", type=Path, required=True, help="a GGUF whose tokenizer.* keys are copied"
+    source = parser.add_mutually_exclusive_group(required=True)
+    source.add_argument("--vocab", type=Path, help="a GGUF whose tokenizer.* keys are copied")
+    source.add_argument(
+        "--from",
+        dest="source",
+        type=Path,
+        help="quantize this F16 model to --type instead of writing one",
     )
     parser.add_argument("--shape", choices=sorted(SHAPES), default="1b")
     parser.add_argument(
@@ -189,10 +196,13 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--threads", type=int, default=os.cpu_count() or 1)
     args = parser.parse_args(argv)
     start = time.perf_counter()
-    build(args.out, args.vocab, args.shape, args.type, args.threads)
+    if args.source is not None:
+        llama_quantize(args.source, args.out, args.type.upper(), args.threads)
+    else:
+        build(args.out, args.vocab, args.shape, args.type, args.threads)
     size = args.out.stat().st_size
     print(
-        f"wrote {args.out} ({args.shape}, {args.type.upper()}, {size / 2**20:.1f} MiB) "
+        f"wrote {args.out} ({args.type.upper()}, {size / 2**20:.1f} MiB) "
         f"in {time.perf_counter() - start:.1f} s",
         flush=True,
     )
