@@ -8,7 +8,7 @@ LLAMA_CMAKE_ARGS ?= -DGGML_NATIVE=OFF -DLLAVA_BUILD=OFF
 PROTO_OUT := .
 PROTOS := protos/inference/v1/inference.proto
 
-.PHONY: install serve test lint protos bench clean
+.PHONY: install serve test lint protos bench clean cuda-fetch cuda-deps cuda-llama cuda-model cuda-bench
 
 install:
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -50,3 +50,24 @@ clean:
 bench:
 	$(BIN)/python -m bench.generate
 	$(BIN)/python -m bench.image
+
+# --- CUDA (docs/gpu.md) -----------------------------------------------------------
+# Here, with network: the trimmed llama-cpp-python sdist and the wheels, both
+# under .device/ (ignored), to carry to the GPU machine (about 31 MiB in all).
+cuda-fetch:
+	PYTHON=$(BIN)/python scripts/cuda/fetch-sdist.sh
+	PYTHON=$(BIN)/python scripts/cuda/fetch-wheels.sh
+
+# There, offline: `make -j2 cuda-llama cuda-model` (about 5.5 min), then
+# `make cuda-bench` (about 2 min). Everything lands in .device/cuda/.
+cuda-deps:
+	scripts/cuda/build-wheel.sh --deps-only
+
+cuda-llama: cuda-deps
+	scripts/cuda/build-wheel.sh
+
+cuda-model: cuda-deps
+	scripts/cuda/model.sh
+
+cuda-bench: cuda-llama cuda-model
+	scripts/cuda/bench.sh

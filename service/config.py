@@ -31,6 +31,8 @@ from pydantic_settings import BaseSettings, EnvSettingsSource, NoDecode, Setting
 
 ENV_PREFIX = "INFERENCE_"
 
+FlashAttention = Literal["auto", "on", "off"]
+
 
 def available_cores() -> int:
     """Cores this process may run on (the affinity mask, not the machine's count)."""
@@ -110,6 +112,11 @@ class Settings(BaseSettings):
         description="Bytes loaded models may use in all, e.g. 8GiB; default: 80% of the "
         "memory available at start.",
     )
+    gpu_memory_budget: ByteSize | None = Field(
+        default=None,
+        description="Bytes of GPU memory the offloaded layers of loaded models may use in "
+        "all, e.g. 120GiB; default: no limit (the server cannot query the GPU).",
+    )
     max_loaded_models: int | None = Field(
         default=None, gt=0, description="At most this many models loaded at once."
     )
@@ -158,6 +165,17 @@ class Settings(BaseSettings):
         default=-1,
         description="Layers of a GGUF model to offload to the GPU when llama.cpp was built "
         "with one (-1: all, 0: none); a CPU-only build ignores it.",
+    )
+    main_gpu: int = Field(
+        default=0,
+        ge=0,
+        description="The GPU that holds the whole model when llama.cpp sees several "
+        "(its device index); one GPU alone is 0.",
+    )
+    flash_attention: FlashAttention = Field(
+        default="auto",
+        description="llama.cpp's flash attention on the GPU: auto lets llama.cpp decide per "
+        "device, on forces it, off disables it.",
     )
     context_size: int = Field(
         default=4096,
@@ -327,6 +345,9 @@ def read_models_file(path: Path) -> dict[str, ModelConfig]:
     return {str(name): ModelConfig.model_validate(entry) for name, entry in entries.items()}
 
 
+_CHOICES = ("log_format", "log_level", "flash_attention")
+
+
 def _flag(name: str) -> str:
     return "--" + name.replace("_", "-")
 
@@ -380,7 +401,7 @@ def build_parser() -> argparse.ArgumentParser:
                 _flag(name), dest=name, action=argparse.BooleanOptionalAction, help=help_text
             )
             continue
-        choices = getattr(field.annotation, "__args__", None) if name.startswith("log_") else None
+        choices = getattr(field.annotation, "__args__", None) if name in _CHOICES else None
         parser.add_argument(_flag(name), dest=name, choices=choices, help=f"{help_text}.")
     return parser
 

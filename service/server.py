@@ -51,6 +51,7 @@ def build_pool(settings: Settings) -> ModelPool:
     resolver = SourceResolver(settings.models_dir, settings.hf_cache_dir)
     limits = PoolLimits(
         budget_bytes=settings.memory_budget or default_budget_bytes(),
+        device_budget_bytes=settings.gpu_memory_budget,
         max_models=settings.max_loaded_models,
         keep_alive=settings.keep_alive,
         load_wait=settings.load_wait,

@@ -16,6 +16,7 @@ from service.images.generation import ImageDone, ImageLimits, ImageRequest
 from service.limits import RequestLimits
 from service.metrics import Metrics
 from service.models.catalog import ModelSpec
+from service.models.memory import MemoryNeed
 from service.models.pool import LoadedModel, ModelPool
 from service.overload import ConcurrencyGate
 from service.rpc import Summary, stream_rpc, unary_rpc
@@ -80,12 +81,12 @@ class InferenceServicer(pb_grpc.InferenceServicer):
             route = await self._images.route(request.model)
         if route is not None:
             decision = await self._images.external_decision(route)
-            report = self._report(decision, weights=0, kv_cache=0, name=route.model)
+            report = self._report(decision, MemoryNeed(), name=route.model)
         else:
             spec = self._pool.catalog.resolve(request.model)
             decision = await self._pool.admission(spec, capability)
-            weights, kv_cache = decision.memory_bytes(spec.context_size)
-            report = self._report(decision, weights, kv_cache, spec.name)
+            need = decision.memory(spec.context_size, spec.gpu_layers)
+            report = self._report(decision, need, spec.name)
         summary.update(model=request.model, admitted=report.admitted, backend=decision.backend)
         return report.to_pb()
 
@@ -104,17 +105,17 @@ class InferenceServicer(pb_grpc.InferenceServicer):
                     summary.update(height=event.image.height, total_ms=round(event.total_ms, 1))
                 yield event.to_pb()
 
-    def _report(
-        self, decision: Decision, weights: int, kv_cache: int, name: str
-    ) -> AdmissionReport:
-        loaded = any(model.name == name for model in self._pool.loaded())
+    def _report(self, decision: Decision, need: MemoryNeed, name: str) -> AdmissionReport:
+        pool = self._pool
+        loaded = any(model.name == name for model in pool.loaded())
+        plan = pool.plan(0, name) if loaded else pool.plan(need.host_bytes, name, need.device_bytes)
         return AdmissionReport(
             decision=decision,
-            weights_bytes=weights,
-            kv_cache_bytes=kv_cache,
-            plan=self._pool.plan(0 if loaded else weights + kv_cache, name),
-            budget_bytes=self._pool.limits.budget_bytes,
-            used_bytes=self._pool.used_bytes(),
+            need=need,
+            plan=plan,
+            limits=pool.limits,
+            used_bytes=pool.used_bytes(),
+            used_device_bytes=pool.used_device_bytes(),
             loaded=loaded,
         )
 

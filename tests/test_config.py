@@ -92,3 +92,25 @@ def test_models_dir_env_is_path_separated(monkeypatch: pytest.MonkeyPatch) -> No
     monkeypatch.setenv("INFERENCE_MODELS_DIR", "/srv/a:/srv/b")
     assert [str(p) for p in load_settings([]).models_dir] == ["/srv/a", "/srv/b"]
     assert [str(p) for p in load_settings(["--models-dir", "/x"]).models_dir] == ["/x"]
+
+
+def test_gpu_settings_default_to_device_zero_auto_flash_attention_and_no_gpu_budget(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.delenv("INFERENCE_CONFIG", raising=False)
+    settings = load_settings([])
+    assert (settings.main_gpu, settings.flash_attention, settings.gpu_memory_budget) == (
+        0,
+        "auto",
+        None,
+    )
+    monkeypatch.setenv("INFERENCE_FLASH_ATTENTION", "off")
+    settings = load_settings(["--main-gpu", "1", "--gpu-memory-budget", "2GiB"])
+    assert (settings.main_gpu, settings.flash_attention) == (1, "off")
+    assert settings.gpu_memory_budget == 2 * 1024**3
+
+
+@pytest.mark.parametrize("argv", [["--flash-attention", "yes"], ["--main-gpu", "-1"]])
+def test_bad_gpu_settings_stop_start_up(argv: list[str]) -> None:
+    with pytest.raises(SystemExit):
+        load_settings(argv)

@@ -34,7 +34,7 @@ SMALL_CONTEXT = 256
 
 def need(model: str, context: int) -> int:
     source = ModelSource("gguf", EMBEDDED_MODELS[model].locate())
-    return sum(decide(source, Capability.TEXT, offline=True).memory_bytes(context))
+    return decide(source, Capability.TEXT, offline=True).memory(context).total_bytes
 
 
 @pytest.fixture(scope="module")
@@ -97,7 +97,7 @@ def test_least_recently_used_idle_model_is_evicted(
     assert set(loaded(stub)) == {SMOLLM, SMALL}
     assert budget_server.server.pool.stats.evictions == [GEMMA]
     info = loaded(stub)[SMALL]
-    assert info.memory_bytes == admit.memory.total_bytes
+    assert info.memory_bytes == admit.memory.host_bytes == admit.memory.total_bytes
     assert info.context_length == SMALL_CONTEXT
     assert info.last_used_unix_ms > 0
 

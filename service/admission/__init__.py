@@ -3,11 +3,13 @@
 `decide` reads metadata only (a GGUF header, a config.json, file sizes) and
 asks each backend library whether it implements the architecture and can
 decode the weight layout (see `gates`). The pool adds whether the model fits
-in memory now.
+in memory now: host memory, and GPU memory for the layers a CUDA build of
+llama.cpp offloads.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import enum
 from dataclasses import dataclass
 
@@ -23,9 +25,11 @@ from service.admission.gates import (
     LLAMA_CPP,
     MLX_LM,
     diffusers_refusal,
+    llama_cpp_offloads,
     llama_cpp_refusal,
     mlx_lm_refusal,
 )
+from service.models.memory import MemoryNeed, offloaded_share
 from service.models.sources import ModelSource
 
 
@@ -41,12 +45,17 @@ class Decision:
     backend: str = ""
     description: ModelDescription | None = None
     available_locally: bool = False
+    # The backend's library can put layers on a GPU (a CUDA build of llama.cpp).
+    offloads: bool = False
 
-    def memory_bytes(self, context_size: int) -> tuple[int, int]:
-        """(weights, KV cache) bytes; zeros when nothing could be read."""
+    def memory(self, context_size: int, gpu_layers: int = 0) -> MemoryNeed:
+        """Weights and KV cache, and the part of them on a GPU; zeros when nothing was read."""
         if self.description is None:
-            return 0, 0
-        return self.description.memory_bytes(context_size)
+            return MemoryNeed()
+        weights, kv_cache = self.description.memory_bytes(context_size)
+        layers = self.description.layer_count
+        share = offloaded_share(gpu_layers, layers) if self.offloads else 0.0
+        return MemoryNeed.offloaded(weights, kv_cache, share)
 
 
 def decide(source: ModelSource, capability: Capability, *, offline: bool) -> Decision:
@@ -62,7 +71,8 @@ def decide(source: ModelSource, capability: Capability, *, offline: bool) -> Dec
         return Decision(False, f"{source.path.name} is a text model; call Generate", "", None, True)
     if source.kind == "gguf":
         description = describe_gguf(source.path)
-        return _verdict(LLAMA_CPP, description, llama_cpp_refusal(description))
+        verdict = _verdict(LLAMA_CPP, description, llama_cpp_refusal(description))
+        return dataclasses.replace(verdict, offloads=llama_cpp_offloads())
     description = describe_checkpoint(source.path)
     return _verdict(MLX_LM, description, mlx_lm_refusal(description))
 

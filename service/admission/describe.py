@@ -37,6 +37,8 @@ class ModelDescription:
     weights_bytes: int
     kv_bytes_per_token: int
     trained_context: int
+    # Repeating layers (blocks): the unit llama.cpp offloads to a GPU; 0 when unknown.
+    layer_count: int = 0
     # GGUF only: the ggml type id of every tensor, for the decodability gate.
     tensor_types: frozenset[int] = frozenset()
     # safetensors only: the parsed config.json, for the backend's own registry.
@@ -71,6 +73,7 @@ def _describe_gguf_cached(path: Path, size: int, mtime_ns: int) -> ModelDescript
         weights_bytes=size,
         kv_bytes_per_token=_gguf_kv_bytes_per_token(values, arch),
         trained_context=int(values.get(f"{arch}.context_length", 0)),
+        layer_count=int(values.get(f"{arch}.block_count", 0)),
         tensor_types=frozenset(counts),
     )
 

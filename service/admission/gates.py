@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import ctypes
 import importlib.util
+import sys
 import tempfile
 from collections.abc import Mapping
 from functools import cache
@@ -48,6 +49,18 @@ def llama_cpp_refusal(description: ModelDescription) -> str | None:
             f"{description.architecture!r}; a newer llama-cpp-python may"
         )
     return None
+
+
+@cache
+def llama_cpp_offloads() -> bool:
+    """Whether this build of llama.cpp puts layers in memory apart from the host's (CUDA).
+
+    Apple GPUs share the host's memory, so layers offloaded through Metal still
+    count against the host budget.
+    """
+    import llama_cpp
+
+    return bool(llama_cpp.llama_supports_gpu_offload()) and sys.platform != "darwin"
 
 
 @cache

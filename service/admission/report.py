@@ -6,18 +6,18 @@ from dataclasses import dataclass
 
 from inference.v1 import inference_pb2 as pb
 from service.admission import Decision
-from service.models.memory import format_bytes
-from service.models.pool import Plan
+from service.models.memory import MemoryNeed
+from service.models.pool import Plan, PoolLimits, too_big
 
 
 @dataclass(frozen=True)
 class AdmissionReport:
     decision: Decision
-    weights_bytes: int
-    kv_cache_bytes: int
+    need: MemoryNeed
     plan: Plan
-    budget_bytes: int
+    limits: PoolLimits
     used_bytes: int
+    used_device_bytes: int
     loaded: bool
 
     @property
@@ -27,29 +27,33 @@ class AdmissionReport:
     @property
     def reason(self) -> str:
         if self.decision.admitted and not self.plan.fits_at_all:
-            return (
-                f"{self.decision.reason}, but it needs about {format_bytes(self.plan.need)}, "
-                f"more than the memory budget of {format_bytes(self.budget_bytes)}"
-            )
+            return f"{self.decision.reason}, but it {too_big(self.plan, self.limits)}"
         return self.decision.reason
 
     def to_pb(self) -> pb.AdmitResponse:
         description = self.decision.description
+        budget, device_budget = self.limits.budget_bytes, self.limits.device_budget_bytes
+        memory = pb.MemoryEstimate(
+            weights_bytes=self.need.weights_bytes,
+            kv_cache_bytes=self.need.kv_cache_bytes,
+            total_bytes=self.need.total_bytes,
+            budget_bytes=budget,
+            free_bytes=max(budget - self.used_bytes, 0),
+            fits=self.plan.fits_at_all,
+            would_evict=list(self.plan.evict),
+            host_bytes=self.need.host_bytes,
+            device_bytes=self.need.device_bytes,
+        )
+        if device_budget is not None:
+            memory.device_budget_bytes = device_budget
+            memory.device_free_bytes = max(device_budget - self.used_device_bytes, 0)
         return pb.AdmitResponse(
             admitted=self.admitted,
             reason=self.reason,
             backend=self.decision.backend,
             architecture=description.architecture if description else "",
             quantization=description.quantization.to_pb() if description else None,
-            memory=pb.MemoryEstimate(
-                weights_bytes=self.weights_bytes,
-                kv_cache_bytes=self.kv_cache_bytes,
-                total_bytes=self.weights_bytes + self.kv_cache_bytes,
-                budget_bytes=self.budget_bytes,
-                free_bytes=max(self.budget_bytes - self.used_bytes, 0),
-                fits=self.plan.fits_at_all,
-                would_evict=list(self.plan.evict),
-            ),
+            memory=memory,
             loaded=self.loaded,
             available_locally=self.decision.available_locally,
         )

@@ -25,6 +25,8 @@ def load_backend(spec: ModelSpec, source: ModelSource, backend: str) -> TextBack
             context_size=spec.context_size,
             threads=spec.threads,
             gpu_layers=spec.gpu_layers,
+            main_gpu=spec.main_gpu,
+            flash_attention=spec.flash_attention,
             max_sequences=spec.parallel_sequences,
             cached_sequences=spec.cached_sequences,
         )

@@ -31,6 +31,7 @@ from service.backends.kv_slots import Placement, Slot, SlotTable
 from service.backends.llama_batch import Batch, Chunk
 from service.backends.llama_sampling import SamplerChain
 from service.backends.logprobs import token_logprob
+from service.config import FlashAttention
 from service.errors import BackendFailure
 from service.generation import SamplingDefaults
 
@@ -84,11 +85,20 @@ def captured_native_log() -> Iterator[list[str]]:
 llama_cpp.llama_log_set(_forward_native_log, ctypes.c_void_p(0))
 
 
+_FLASH_ATTENTION = {
+    "auto": llama_cpp.LLAMA_FLASH_ATTN_TYPE_AUTO,
+    "on": llama_cpp.LLAMA_FLASH_ATTN_TYPE_ENABLED,
+    "off": llama_cpp.LLAMA_FLASH_ATTN_TYPE_DISABLED,
+}
+
+
 @dataclass(frozen=True)
 class LlamaCppOptions:
     context_size: int
     threads: int
     gpu_layers: int = -1
+    main_gpu: int = 0
+    flash_attention: FlashAttention = "auto"
     batch_size: int = 512
     # Sequences decoded together in one step.
     max_sequences: int = 8
@@ -102,6 +112,7 @@ class LlamaCppOptions:
 def _load_model(path: Path, options: LlamaCppOptions) -> LlamaModel:
     params = llama_cpp.llama_model_default_params()
     params.n_gpu_layers = options.gpu_layers
+    params.main_gpu = options.main_gpu
     try:
         return LlamaModel(path_model=str(path), params=params, verbose=False)
     except ValueError as exc:  # llama-cpp-python's way of saying "load failed"
@@ -114,6 +125,7 @@ def _new_context(model: LlamaModel, options: LlamaCppOptions, size: int) -> Llam
     params.n_batch = params.n_ubatch = options.batch_size
     params.n_seq_max = options.max_sequences + options.cached_sequences
     params.n_threads = params.n_threads_batch = options.threads
+    params.flash_attn_type = _FLASH_ATTENTION[options.flash_attention]
     # One pool of cells for every sequence, so a prefix can be shared between them.
     params.kv_unified = True
     # Keep sliding-window layers' full history, so a cached prefix can be trimmed.

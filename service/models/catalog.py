@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from service.config import ModelConfig, Settings
+from service.config import FlashAttention, ModelConfig, Settings
 from service.models.embedded import EMBEDDED_MODELS, EmbeddedModel
 from service.models.sources import ModelSource, SourceResolver
 
@@ -27,6 +27,8 @@ class ModelSpec:
     # Generations of this model decoded together, and finished ones kept cached.
     parallel_sequences: int = 8
     cached_sequences: int = 8
+    main_gpu: int = 0
+    flash_attention: FlashAttention = "auto"
     chat_template: str | None = None
     configured: bool = True
     source: str = ""  # the reference as configured or requested
@@ -67,6 +69,8 @@ class Catalog:
             gpu_layers=self._settings.gpu_layers,
             parallel_sequences=self._settings.parallel_sequences,
             cached_sequences=self._settings.cached_sequences,
+            main_gpu=self._settings.main_gpu,
+            flash_attention=self._settings.flash_attention,
             configured=False,
             source=name,
         )
@@ -81,6 +85,8 @@ class Catalog:
             gpu_layers=self._settings.gpu_layers,
             parallel_sequences=self._settings.parallel_sequences,
             cached_sequences=self._settings.cached_sequences,
+            main_gpu=self._settings.main_gpu,
+            flash_attention=self._settings.flash_attention,
         )
 
     def _configured_spec(self, name: str, config: ModelConfig) -> ModelSpec:
@@ -93,6 +99,8 @@ class Catalog:
             gpu_layers=self._settings.gpu_layers
             if config.gpu_layers is None
             else config.gpu_layers,
+            main_gpu=self._settings.main_gpu,
+            flash_attention=self._settings.flash_attention,
             chat_template=config.chat_template,
             source=config.source,
             parallel_sequences=self._settings.parallel_sequences,

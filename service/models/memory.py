@@ -1,8 +1,9 @@
-"""How much memory loaded models may use."""
+"""How much memory loaded models may use, and how much a model needs on the host and the GPU."""
 
 from __future__ import annotations
 
 import os
+from dataclasses import dataclass
 from pathlib import Path
 
 DEFAULT_BUDGET_FRACTION = 0.8
@@ -30,3 +31,44 @@ def format_bytes(count: int) -> str:
             return f"{value:.0f} {unit}" if unit == "B" else f"{value:.1f} {unit}"
         value /= 1024
     return f"{value:.1f} GiB"
+
+
+@dataclass(frozen=True)
+class MemoryNeed:
+    """What a model takes once loaded, and how much of it sits in GPU memory.
+
+    The pool budgets `host_bytes` against the memory budget and `device_bytes`
+    against the GPU memory budget.
+    """
+
+    weights_bytes: int = 0
+    kv_cache_bytes: int = 0
+    device_bytes: int = 0
+
+    @property
+    def total_bytes(self) -> int:
+        return self.weights_bytes + self.kv_cache_bytes
+
+    @property
+    def host_bytes(self) -> int:
+        return self.total_bytes - self.device_bytes
+
+    @classmethod
+    def offloaded(cls, weights: int, kv_cache: int, share: float) -> MemoryNeed:
+        """Weights and KV cache with `share` of both on the GPU (see `offloaded_share`)."""
+        return cls(weights, kv_cache, device_bytes=round((weights + kv_cache) * share))
+
+
+def offloaded_share(gpu_layers: int, layer_count: int) -> float:
+    """The share of a model llama.cpp puts on the GPU when asked for `gpu_layers` layers.
+
+    An estimate by layer count: llama.cpp offloads the last `gpu_layers` repeating
+    layers with their KV cache (any negative count, or one past the model's, means
+    all of them). It keeps the token embeddings on the host and moves the output
+    layer only with all layers; those are not counted apart here.
+    """
+    if layer_count <= 0 or gpu_layers == 0:
+        return 0.0
+    if gpu_layers < 0 or gpu_layers >= layer_count:
+        return 1.0
+    return gpu_layers / layer_count

@@ -1,7 +1,9 @@
 """The models loaded now: an LRU under a memory budget, each model on its own worker thread.
 
 - A model is admitted (see `service.admission`) before it is loaded, and its
-  memory estimated from metadata.
+  memory estimated from metadata: host memory, budgeted against `budget_bytes`,
+  and the GPU memory of the layers llama.cpp offloads, budgeted against
+  `device_budget_bytes` when one is set.
 - Loading evicts least-recently-used idle models until the new one fits. A
   model with a request in progress is never evicted; a load waits up to
   `load_wait` seconds for one to go idle, then fails with RESOURCE_EXHAUSTED.
@@ -48,7 +50,8 @@ Admitter = Callable[[ModelSource, Capability], Decision]
 
 @dataclass(frozen=True)
 class PoolLimits:
-    budget_bytes: int
+    budget_bytes: int  # host memory
+    device_budget_bytes: int | None = None  # GPU memory; None: no limit
     max_models: int | None = None
     keep_alive: float = 0.0  # seconds; 0 keeps idle models until evicted
     load_wait: float = 30.0
@@ -61,8 +64,9 @@ class LoadedModel:
     spec: ModelSpec
     backend: Backend
     worker: ModelWorker
-    memory_bytes: int
+    memory_bytes: int  # host memory
     capability: Capability
+    device_bytes: int = 0  # GPU memory
     last_used: float = field(default_factory=time.time)
     active_requests: int = 0
     # Set when the backend failed mid-request; the model is then out of the pool.
@@ -100,12 +104,13 @@ class LoadedModel:
 
 @dataclass(frozen=True)
 class Plan:
-    """What loading a model of `need` bytes would do now."""
+    """What loading a model of `need` host bytes and `device_need` GPU bytes would do now."""
 
     need: int
     fits_at_all: bool
     evict: tuple[str, ...]  # idle models to unload, least recently used first
     blocked_by_busy: bool  # room exists only once busy models finish
+    device_need: int = 0
 
 
 @dataclass
@@ -141,23 +146,39 @@ class ModelPool:
     def used_bytes(self) -> int:
         return sum(model.memory_bytes for model in self._loaded.values())
 
-    def plan(self, need: int, name: str = "") -> Plan:
-        """Which idle models would go to make room for `need` bytes (nothing changes)."""
-        if need > self.limits.budget_bytes:
-            return Plan(need, fits_at_all=False, evict=(), blocked_by_busy=False)
+    def used_device_bytes(self) -> int:
+        return sum(model.device_bytes for model in self._loaded.values())
+
+    def plan(self, need: int, name: str = "", device_need: int = 0) -> Plan:
+        """Which idle models would go to make room for a model (nothing changes).
+
+        `need` is host bytes, `device_need` GPU bytes.
+        """
+        device_budget = self.limits.device_budget_bytes
+        over_device = device_budget is not None and device_need > device_budget
+        if need > self.limits.budget_bytes or over_device:
+            return Plan(need, False, evict=(), blocked_by_busy=False, device_need=device_need)
         others = [m for m in self._loaded.values() if m.name != name]
         free = self.limits.budget_bytes - sum(m.memory_bytes for m in others)
+        device_free = (
+            None if device_budget is None else device_budget - sum(m.device_bytes for m in others)
+        )
         slots = None if self.limits.max_models is None else self.limits.max_models - len(others)
+
+        def enough() -> bool:
+            device_ok = device_free is None or device_free >= device_need
+            return free >= need and device_ok and (slots is None or slots >= 1)
+
         evict: list[str] = []
         for model in others:  # least recently used first
-            if free >= need and (slots is None or slots >= 1):
+            if enough():
                 break
             if model.active_requests == 0:
                 evict.append(model.name)
                 free += model.memory_bytes
+                device_free = None if device_free is None else device_free + model.device_bytes
                 slots = None if slots is None else slots + 1
-        enough = free >= need and (slots is None or slots >= 1)
-        return Plan(need, fits_at_all=True, evict=tuple(evict), blocked_by_busy=not enough)
+        return Plan(need, True, tuple(evict), blocked_by_busy=not enough(), device_need=device_need)
 
     # --- using a model ------------------------------------------------------------
 
@@ -224,8 +245,8 @@ class ModelPool:
         decision = await asyncio.to_thread(self._admit, source, capability)
         if not decision.admitted:
             raise NotSupported(f"model {spec.name!r} cannot be served: {decision.reason}")
-        need = sum(decision.memory_bytes(spec.context_size))
-        await self._make_room(spec.name, need)
+        need = decision.memory(spec.context_size, spec.gpu_layers)
+        await self._make_room(spec.name, need.host_bytes, need.device_bytes)
         worker = ModelWorker(spec.name)
         started = time.monotonic()
         try:
@@ -235,25 +256,34 @@ class ModelPool:
             raise
         seconds = time.monotonic() - started
         self.stats.load_seconds[spec.name] = self.stats.load_seconds.get(spec.name, 0.0) + seconds
-        model = LoadedModel(spec, backend, worker, memory_bytes=need, capability=capability)
+        model = LoadedModel(
+            spec,
+            backend,
+            worker,
+            memory_bytes=need.host_bytes,
+            capability=capability,
+            device_bytes=need.device_bytes,
+        )
         if capability is Capability.TEXT:
             text = cast(TextBackend, backend)
             model.scheduler = DecodeScheduler(text, worker, self.limits.max_waiting_sequences)
         self._loaded[spec.name] = model
         self.stats.loads[spec.name] = self.stats.loads.get(spec.name, 0) + 1
-        log.info("model loaded", model=spec.name, backend=backend.name, memory=format_bytes(need))
+        log.info(
+            "model loaded",
+            model=spec.name,
+            backend=backend.name,
+            memory=format_bytes(need.host_bytes),
+            gpu_memory=format_bytes(need.device_bytes),
+        )
         return model
 
-    async def _make_room(self, name: str, need: int) -> None:
+    async def _make_room(self, name: str, need: int, device_need: int = 0) -> None:
         deadline = time.monotonic() + self.limits.load_wait
         while True:
-            plan = self.plan(need, name)
+            plan = self.plan(need, name, device_need)
             if not plan.fits_at_all:
-                raise Overloaded(
-                    f"model {name!r} needs about {format_bytes(need)}, more than the whole "
-                    f"memory budget of {format_bytes(self.limits.budget_bytes)}; raise "
-                    "--memory-budget or use a smaller context size or quantization"
-                )
+                raise Overloaded(f"model {name!r} {too_big(plan, self.limits)}")
             if not plan.blocked_by_busy:
                 for victim in plan.evict:
                     await self._unload(self._loaded[victim], "evicted to make room")
@@ -262,8 +292,9 @@ class ModelPool:
             remaining = deadline - time.monotonic()
             if remaining <= 0 or not await self._wait_for_release(remaining):
                 busy = [m.name for m in self._loaded.values() if m.active_requests]
+                on_gpu = f" and {format_bytes(device_need)} of GPU memory" if device_need else ""
                 raise Overloaded(
-                    f"model {name!r} needs about {format_bytes(need)} and the memory budget is "
+                    f"model {name!r} needs about {format_bytes(need)}{on_gpu} and the memory is "
                     f"held by models serving requests ({', '.join(busy)}); waited "
                     f"{self.limits.load_wait:g} s for them to finish. Retry later."
                 )
@@ -332,3 +363,18 @@ class ModelPool:
         models, self._loaded = list(self._loaded.values()), {}
         for model in models:
             await self._close(model)
+
+
+def too_big(plan: Plan, limits: PoolLimits) -> str:
+    """Why a model that does not fit at all does not, naming the budget it exceeds."""
+    if plan.need > limits.budget_bytes:
+        return (
+            f"needs about {format_bytes(plan.need)} of memory, more than the whole memory "
+            f"budget of {format_bytes(limits.budget_bytes)}; raise --memory-budget or use a "
+            "smaller context size or quantization"
+        )
+    return (
+        f"needs about {format_bytes(plan.device_need)} of GPU memory, more than the whole GPU "
+        f"memory budget of {format_bytes(limits.device_budget_bytes or 0)}; raise "
+        "--gpu-memory-budget or offload fewer layers (--gpu-layers)"
+    )

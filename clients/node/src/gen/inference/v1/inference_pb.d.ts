@@ -715,12 +715,14 @@ export declare type MemoryEstimate = Message<"inference.v1.MemoryEstimate"> & {
   kvCacheBytes: bigint;
 
   /**
+   * Weights and KV cache: host_bytes + device_bytes.
+   *
    * @generated from field: uint64 total_bytes = 3;
    */
   totalBytes: bigint;
 
   /**
-   * The pool's budget, and what is free in it now.
+   * The pool's budget of host memory, and what is free in it now.
    *
    * @generated from field: uint64 budget_bytes = 4;
    */
@@ -744,6 +746,32 @@ export declare type MemoryEstimate = Message<"inference.v1.MemoryEstimate"> & {
    * @generated from field: repeated string would_evict = 7;
    */
   wouldEvict: string[];
+
+  /**
+   * Of total_bytes, what host memory holds and what GPU memory holds (the
+   * layers a CUDA build of llama.cpp offloads, with their KV cache).
+   *
+   * @generated from field: uint64 host_bytes = 50;
+   */
+  hostBytes: bigint;
+
+  /**
+   * @generated from field: uint64 device_bytes = 51;
+   */
+  deviceBytes: bigint;
+
+  /**
+   * The pool's budget of GPU memory and what is free in it now; unset when
+   * the server has no GPU memory budget.
+   *
+   * @generated from field: optional uint64 device_budget_bytes = 52;
+   */
+  deviceBudgetBytes?: bigint | undefined;
+
+  /**
+   * @generated from field: optional uint64 device_free_bytes = 53;
+   */
+  deviceFreeBytes?: bigint | undefined;
 };
 
 /**

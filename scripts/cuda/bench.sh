@@ -1,0 +1,41 @@
+#!/usr/bin/env bash
+# ON the CUDA machine, after build-wheel.sh and model.sh: quantize the benchmark
+# model to Q4_K_M (once), then measure the service against raw llama-cpp-python
+# with every layer on the GPU, and llama-bench where it was built. About 2 minutes.
+#
+#   scripts/cuda/bench.sh [bench.generate flags]
+#
+# Figures go to stdout and, where the device tool gives one, to $OUT.
+# MODEL_TYPE picks another llama.cpp file type (default Q4_K_M).
+set -euo pipefail
+
+root=$(cd "$(dirname "$0")/../.." && pwd)
+# shellcheck source=scripts/cuda/env.sh
+. "$root/scripts/cuda/env.sh"  # includes the libstdc++ LD_PRELOAD workaround
+cd "$root"
+python=${PYTHON:-python3}
+type=${MODEL_TYPE:-Q4_K_M}
+f16=$CUDA_DIR/models/llama-1b-f16.gguf
+model=$CUDA_DIR/models/llama-1b-${type,,}.gguf
+out=${OUT:-$CUDA_DIR/results}
+mkdir -p "$out"
+
+if [ ! -f "$model" ]; then
+    [ -f "$f16" ] || { echo "no $f16: run scripts/cuda/model.sh first" >&2; exit 1; }
+    "$python" -m bench.gpu_model "$model" --from "$f16" --type "$type" 2>"$out/quantize.log" \
+        || { tail -20 "$out/quantize.log"; exit 1; }
+fi
+nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader 2>&1 || true
+echo "LD_PRELOAD=${LD_PRELOAD:-}"
+
+llama_bench=$(find "$CUDA_DIR/build" -name llama-bench -type f -perm -u+x 2>/dev/null | head -1 || true)
+if [ -n "$llama_bench" ]; then
+    timeout 120 "$llama_bench" -m "$model" -ngl 99 -p 512 -n 128 -r 3 -o md 2>/dev/null \
+        | tee "$out/llama-bench.md" || echo "llama-bench failed" >&2
+fi
+
+args=(--gpu-layers -1 --runs 3 --max-tokens 128 --concurrent 4 --context-size 4096)
+[ $# -gt 0 ] && args=("$@")
+timeout 300 "$python" -m bench.generate --model-path "$model" "${args[@]}" \
+    2>"$out/bench-generate.err" | tee "$out/bench-generate.txt" \
+    || { tail -30 "$out/bench-generate.err"; exit 1; }

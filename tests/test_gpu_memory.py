@@ -1,0 +1,115 @@
+"""Host and GPU memory apart: the split of a model by offloaded layers, and the pool's budgets.
+
+A CPU-only llama.cpp offloads nothing, so these tests give the decision the
+CUDA build's answer themselves; the arithmetic is the same on either build.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+from typing import Any, cast
+
+import gguf
+import pytest
+
+from service.admission import Capability, Decision, decide, gates
+from service.admission.describe import describe_gguf
+from service.admission.report import AdmissionReport
+from service.models.catalog import ModelSpec
+from service.models.memory import MemoryNeed, offloaded_share
+from service.models.pool import LoadedModel, ModelPool, PoolLimits
+from service.models.sources import ModelSource
+from tests.fixtures import Q, write_gguf_header
+
+GiB = 1024**3
+
+
+@pytest.mark.parametrize(
+    ("gpu_layers", "layers", "share"),
+    [(-1, 16, 1.0), (0, 16, 0.0), (4, 16, 0.25), (16, 16, 1.0), (99, 16, 1.0), (8, 0, 0.0)],
+)
+def test_the_offloaded_share_follows_llama_cpps_layer_count(
+    gpu_layers: int, layers: int, share: float
+) -> None:
+    assert offloaded_share(gpu_layers, layers) == share
+
+
+@pytest.fixture(scope="module")
+def four_layer_gguf(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    path = tmp_path_factory.mktemp("gguf") / "llama-q8.gguf"
+    return write_gguf_header(path, "llama", gguf.LlamaFileType.MOSTLY_Q8_0, [Q.Q8_0], layers=4)
+
+
+def test_offloaded_layers_move_their_share_of_weights_and_kv_cache_to_the_gpu(
+    four_layer_gguf: Path,
+) -> None:
+    cuda = Decision(True, "", "llama.cpp", describe_gguf(four_layer_gguf), True, offloads=True)
+    weights, kv_cache = cuda.memory(1024).weights_bytes, cuda.memory(1024).kv_cache_bytes
+    assert kv_cache == 4 * 2 * 128 * 2 * 1024
+    half = cuda.memory(1024, gpu_layers=2)
+    assert half.device_bytes == round((weights + kv_cache) / 2)
+    assert half.host_bytes + half.device_bytes == half.total_bytes == weights + kv_cache
+    assert cuda.memory(1024, gpu_layers=-1).host_bytes == 0
+    assert cuda.memory(1024, gpu_layers=0).device_bytes == 0
+    cpu_only = dataclasses.replace(cuda, offloads=False)
+    assert cpu_only.memory(1024, gpu_layers=-1) == MemoryNeed(weights, kv_cache, 0)
+
+
+def test_admission_asks_the_build_whether_it_offloads(four_layer_gguf: Path) -> None:
+    decision = decide(ModelSource("gguf", four_layer_gguf), Capability.TEXT, offline=True)
+    assert decision.admitted, decision.reason
+    assert decision.offloads == gates.llama_cpp_offloads()
+
+
+def pool_with(limits: PoolLimits, *models: tuple[str, int, int, int]) -> ModelPool:
+    """A pool holding (name, host bytes, GPU bytes, active requests) models, oldest first."""
+    pool = ModelPool(cast(Any, None), cast(Any, None), cast(Any, None), limits)
+    for name, host, device, active in models:
+        spec = ModelSpec(name, "", cast(Any, None), context_size=1, threads=1)
+        model = LoadedModel(spec, cast(Any, None), cast(Any, None), host, Capability.TEXT, device)
+        model.active_requests = active
+        pool._loaded[name] = model
+    return pool
+
+
+def test_gpu_memory_alone_can_force_an_eviction() -> None:
+    pool = pool_with(PoolLimits(100 * GiB, device_budget_bytes=10 * GiB), ("a", GiB, 6 * GiB, 0))
+    plan = pool.plan(GiB, "b", device_need=6 * GiB)
+    assert plan.fits_at_all
+    assert plan.evict == ("a",)
+    assert pool.plan(GiB, "b", device_need=4 * GiB).evict == ()
+    assert pool.used_device_bytes() == 6 * GiB
+
+
+def test_a_busy_model_on_the_gpu_blocks_a_load_that_needs_its_gpu_memory() -> None:
+    pool = pool_with(PoolLimits(100 * GiB, device_budget_bytes=10 * GiB), ("a", GiB, 6 * GiB, 1))
+    plan = pool.plan(GiB, "b", device_need=6 * GiB)
+    assert plan.fits_at_all
+    assert plan.blocked_by_busy
+
+
+def test_without_a_gpu_budget_gpu_memory_is_not_limited() -> None:
+    pool = pool_with(PoolLimits(10 * GiB), ("a", GiB, 600 * GiB, 0))
+    plan = pool.plan(GiB, "b", device_need=600 * GiB)
+    assert (plan.fits_at_all, plan.evict, plan.blocked_by_busy) == (True, (), False)
+
+
+def test_admit_reports_host_and_gpu_bytes_and_names_the_gpu_budget_it_exceeds(
+    four_layer_gguf: Path,
+) -> None:
+    decision = Decision(True, "ok", "llama.cpp", describe_gguf(four_layer_gguf), True, True)
+    need = decision.memory(1024, gpu_layers=2)
+    limits = PoolLimits(100 * GiB, device_budget_bytes=need.device_bytes - 1)
+    pool = pool_with(limits)
+    plan = pool.plan(need.host_bytes, "m", need.device_bytes)
+    report = AdmissionReport(decision, need, plan, limits, 0, 0, loaded=False)
+    reply = report.to_pb()
+    assert not reply.admitted
+    assert "--gpu-memory-budget" in reply.reason
+    memory = reply.memory
+    assert (memory.host_bytes, memory.device_bytes) == (need.host_bytes, need.device_bytes)
+    assert memory.host_bytes + memory.device_bytes == memory.total_bytes
+    assert memory.device_budget_bytes == need.device_bytes - 1
+    unlimited = dataclasses.replace(report, limits=PoolLimits(100 * GiB))
+    assert not unlimited.to_pb().memory.HasField("device_budget_bytes")
