@@ -9,6 +9,7 @@ the truncations and the draw (or greedy at temperature 0).
 
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
 from typing import cast
 
@@ -16,6 +17,9 @@ import llama_cpp
 
 from service.errors import InvalidRequest
 from service.generation import SamplingParams
+
+# A token given by its id in a grammar: <[1234]>, or !<[1234]> for "any but".
+_TOKEN_ID = re.compile(r"<\[(\d+)\]>")
 
 # How many recent tokens the repetition penalty looks at (llama.cpp's default).
 PENALTY_WINDOW = 64
@@ -63,6 +67,7 @@ class SamplerChain:
 
 
 def _grammar(vocab: llama_cpp.llama_vocab_p, grammar: str) -> llama_cpp.llama_sampler_p:
+    _check_token_ids(vocab, grammar)
     sampler = llama_cpp.llama_sampler_init_grammar(vocab, grammar.encode("utf-8"), b"root")
     if not sampler:
         # The text parsed before the request was queued (service.decode.grammar), so
@@ -71,7 +76,22 @@ def _grammar(vocab: llama_cpp.llama_vocab_p, grammar: str) -> llama_cpp.llama_sa
             "the grammar refers to tokens this model's vocabulary does not have; "
             "llama.cpp's log names them"
         )
-    return cast(llama_cpp.llama_sampler_p, sampler)
+    return cast("llama_cpp.llama_sampler_p", sampler)
+
+
+def _check_token_ids(vocab: llama_cpp.llama_vocab_p, grammar: str) -> None:
+    """Refuse token ids (`<[N]>`) beyond the vocabulary.
+
+    llama.cpp accepts them, and a grammar that no token can satisfy then makes
+    the sampler abort the whole process at the first end-of-generation token.
+    """
+    size = llama_cpp.llama_vocab_n_tokens(vocab)
+    for match in _TOKEN_ID.finditer(grammar):
+        if int(match.group(1)) >= size:
+            raise InvalidRequest(
+                f"the grammar refers to token id {match.group(1)}; this model's "
+                f"vocabulary has ids 0 to {size - 1}"
+            )
 
 
 def _penalties(
@@ -82,4 +102,4 @@ def _penalties(
     )
     for token in history[-PENALTY_WINDOW:]:  # the prompt counts as recent text
         llama_cpp.llama_sampler_accept(sampler, token)
-    return cast(llama_cpp.llama_sampler_p, sampler)
+    return cast("llama_cpp.llama_sampler_p", sampler)

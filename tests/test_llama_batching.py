@@ -1,0 +1,152 @@
+"""The llama.cpp backend's batched decoding, and the low-level names it relies on."""
+
+from __future__ import annotations
+
+import tomllib
+from collections.abc import Iterator
+from pathlib import Path
+
+import llama_cpp
+import pytest
+
+from service.backends.base import SequenceRequest
+from service.backends.llama_cpp import LlamaCppBackend, LlamaCppOptions, LlamaSequence
+from service.errors import InvalidRequest
+from service.generation import SamplingParams
+from service.models.embedded import EMBEDDED_MODELS
+from tests.conftest import SMOLLM
+
+# Every low-level name the backend calls; they move between releases.
+LOW_LEVEL_NAMES = (
+    "llama_batch_init",
+    "llama_batch_free",
+    "llama_decode",
+    "llama_get_memory",
+    "llama_memory_seq_rm",
+    "llama_memory_seq_cp",
+    "llama_n_seq_max",
+    "llama_get_logits_ith",
+    "llama_sampler_chain_init",
+    "llama_sampler_chain_default_params",
+    "llama_sampler_chain_add",
+    "llama_sampler_init_greedy",
+    "llama_sampler_init_dist",
+    "llama_sampler_init_top_k",
+    "llama_sampler_init_top_p",
+    "llama_sampler_init_min_p",
+    "llama_sampler_init_temp",
+    "llama_sampler_init_penalties",
+    "llama_sampler_init_grammar",
+    "llama_sampler_accept",
+    "llama_sampler_sample",
+    "llama_sampler_free",
+    "llama_vocab_n_tokens",
+    "llama_token_to_piece",
+    "LLAMA_FLASH_ATTN_TYPE_AUTO",
+)
+
+GREEDY = SamplingParams(temperature=0.0, top_p=1.0, top_k=0, min_p=0.0, repeat_penalty=1.0, seed=1)
+
+
+def test_the_installed_binding_is_the_pinned_one() -> None:
+    pyproject = tomllib.loads(Path("pyproject.toml").read_text())
+    pins = [d for d in pyproject["project"]["dependencies"] if d.startswith("llama-cpp-python")]
+    assert pins == [f"llama-cpp-python=={llama_cpp.__version__}"]
+
+
+@pytest.mark.parametrize("name", LOW_LEVEL_NAMES)
+def test_the_low_level_names_exist(name: str) -> None:
+    assert hasattr(llama_cpp, name)
+
+
+def test_the_context_parameters_we_set_exist() -> None:
+    params = llama_cpp.llama_context_default_params()
+    for field in ("n_seq_max", "kv_unified", "swa_full", "flash_attn_type", "n_ubatch"):
+        assert hasattr(params, field)
+
+
+@pytest.fixture(scope="module")
+def backend() -> Iterator[LlamaCppBackend]:
+    path = EMBEDDED_MODELS[SMOLLM].locate()
+    options = LlamaCppOptions(context_size=512, threads=2, max_sequences=3, cached_sequences=1)
+    loaded = LlamaCppBackend(path, options)
+    yield loaded
+    loaded.close()
+
+
+def run(
+    backend: LlamaCppBackend, prompts: list[str], tokens: int, **fields: object
+) -> list[list[int]]:
+    """Decode the prompts together for `tokens` tokens each; their sampled ids."""
+    sequences: list[LlamaSequence] = []
+    for prompt in prompts:
+        prompt_ids = tuple(backend.tokenize(prompt, add_bos=backend.adds_bos))
+        request = SequenceRequest(prompt_ids, GREEDY, tokens, **fields)  # type: ignore[arg-type]
+        started = backend.start(request)
+        assert started is not None
+        sequences.append(started)
+    produced: list[list[int]] = [[] for _ in prompts]
+    try:
+        while min(len(ids) for ids in produced) < tokens:
+            for into, sampled in zip(produced, backend.step(sequences), strict=True):
+                if sampled is not None:
+                    into.append(sampled.token)
+    finally:
+        for sequence in sequences:
+            backend.finish(sequence)
+    return [ids[:tokens] for ids in produced]
+
+
+def test_sequences_in_one_batch_start_as_they_would_alone(backend: LlamaCppBackend) -> None:
+    prompts = ["The sky is", "My favourite food is", "Water boils at"]
+    alone = [run(backend, [prompt], 6)[0] for prompt in prompts]
+    together = run(backend, prompts, 6)
+    for lone, batched in zip(alone, together, strict=True):
+        assert batched[:3] == lone[:3]
+    assert len({tuple(ids[:3]) for ids in together}) == 3
+
+
+def test_identical_prompts_in_one_batch_give_identical_tokens(backend: LlamaCppBackend) -> None:
+    first, second, third = run(backend, ["Once upon a time"] * 3, 16)
+    assert first == second == third
+
+
+def test_a_grammar_constrains_each_sequence_on_its_own(backend: LlamaCppBackend) -> None:
+    constrained, free = (
+        run(backend, ["Answer:", "Answer:"], 3, grammar='root ::= "yes" | "no"')[0],
+        run(backend, ["Answer:"], 3)[0],
+    )
+    text = b"".join(backend.token_bytes(t) for t in constrained).decode()
+    assert text.startswith(("yes", "no"))
+    assert free != constrained
+
+
+def test_logprobs_are_bounded_and_ranked(backend: LlamaCppBackend) -> None:
+    ids = tuple(backend.tokenize("The sky is", add_bos=backend.adds_bos))
+    sequence = backend.start(SequenceRequest(ids, GREEDY, 2, top_logprobs=5))
+    assert sequence is not None
+    sampled = None
+    while sampled is None:
+        sampled = backend.step([sequence])[0]
+    backend.finish(sequence)
+    entry = sampled.logprob
+    assert entry is not None
+    assert entry.token_id == sampled.token
+    assert entry.logprob <= 0
+    assert [top.logprob for top in entry.top_logprobs] == sorted(
+        (top.logprob for top in entry.top_logprobs), reverse=True
+    )
+    assert entry.top_logprobs[0].token_id == sampled.token  # greedy took the likeliest
+    assert 0 < sum(2.718281828**top.logprob for top in entry.top_logprobs) <= 1.0001
+
+
+@pytest.mark.parametrize("grammar", ["root ::= <no-such-token>", "root ::= <[999999999]>"])
+def test_a_grammar_naming_tokens_the_vocabulary_lacks_is_refused(
+    backend: LlamaCppBackend, grammar: str
+) -> None:
+    # The second one, let through, would abort the whole process at sampling time.
+    ids = tuple(backend.tokenize("Hi", add_bos=False))
+    with pytest.raises(InvalidRequest, match="vocabulary"):
+        backend.start(SequenceRequest(ids, GREEDY, 2, grammar=grammar))
+    # The refusal left nothing behind: the model still serves every place.
+    assert len(run(backend, ["a", "b", "c"], 2)) == 3
