@@ -1,13 +1,21 @@
-"""Generate through the service versus llama-cpp-python itself, same model, same prompts.
+"""Generate through the service against llama-cpp-python itself: same model, prompts, greedy.
 
-    python -m bench.generate [--model gemma3-270m] [--runs 3] [--max-tokens 64]
+    python -m bench.generate [--model gemma3-270m | --model-path FILE.gguf] [--runs 5]
+                             [--streams 1,2,4,8] [--gpu-layers 0] [--bandwidth-gbs 4800]
 
-Both sides evaluate the same prompt from scratch (each run's prompt starts
-differently, so neither side can reuse a cached prefix) and decode greedily
-for the same number of tokens. The service is timed from the client, through
-gRPC, so its figures include everything a user pays for. Runs alternate
-between the two sides to spread the machine's noise evenly; medians are
-printed with the ratio service / raw.
+Three comparisons, in one run and side by side:
+1. single stream: raw `Llama.generate` in-process against the service over
+   gRPC on loopback; decode tokens/s ratio and the TTFT difference (medians,
+   runs alternating between the two sides to spread the machine's noise);
+2. aggregate tokens/s at each number of concurrent streams through the
+   service, next to a hand-written batched llama.cpp loop on the same prompts
+   (short prompts and longer outputs, so that decoding dominates);
+3. a second conversation turn after a ~1.4k-token history: its TTFT against
+   the same prompt cold, and against raw llama.cpp evaluating only the suffix.
+
+Prints a table of ratios against the targets, writes the figures as JSON and a
+PNG chart to --out. Every prompt starts differently, so nothing is reused
+from a cache except where the comparison is about reuse.
 """
 
 from __future__ import annotations
@@ -16,18 +24,18 @@ import argparse
 import json
 import os
 import statistics
-import subprocess
-import sys
 import threading
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
-from dataclasses import dataclass
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import grpc
 from llama_cpp import Llama
 
+from bench import raw
+from bench.chart import bar_chart
+from bench.server import Run, rss_mib, running_server, service_run
 from inference.v1 import inference_pb2 as pb
 from inference.v1 import inference_pb2_grpc as pb_grpc
 from service.config import available_cores
@@ -41,173 +49,285 @@ PASSAGE = (
     "became common. Within fifty years, presses operated in hundreds of cities. "
 )
 
+# Targets on the CPU machine, as ratios (issue: throughput and the benchmark).
+TARGET_SINGLE_RATIO = 0.98
+TARGET_TTFT_OVERHEAD_MS = 3.0
+TARGET_EIGHT_STREAMS = 2.0
+TARGET_SECOND_TURN = 1.2
 
-@dataclass(frozen=True)
-class Run:
-    ttft_ms: float
-    decode_tps: float
-    tokens: int
 
-
-def _prompt(index: int) -> str:
+def prompt(index: int) -> str:
     return f"Document {index}. {PASSAGE * 2}\nSummary:"
 
 
-def raw_run(llama: Llama, prompt: str, max_tokens: int) -> Run:
-    start = time.perf_counter()
-    ids = llama.tokenize(prompt.encode(), add_bos=True, special=True)
-    llama.reset()
-    first = last = start
-    count = 0
-    for token in llama.generate(ids, temp=0.0, reset=False):
-        last = time.perf_counter()
-        if count == 0:
-            first = last
-        count += 1
-        if count >= max_tokens or llama_eog(llama, token):
-            break
-    return Run((first - start) * 1000, (count - 1) / (last - first) if count > 1 else 0.0, count)
+def short_prompt(index: int) -> str:
+    """A prompt of ~20 tokens, so that decoding, not prompt evaluation, dominates."""
+    return f"Story {index}. Once upon a time, in a city by the sea, there lived"
 
 
-def llama_eog(llama: Llama, token: int) -> bool:
-    import llama_cpp
-
-    return bool(llama_cpp.llama_vocab_is_eog(llama_cpp.llama_model_get_vocab(llama.model), token))
-
-
-def service_run(stub: pb_grpc.InferenceStub, model: str, prompt: str, max_tokens: int) -> Run:
-    request = pb.GenerateRequest(model=model, prompt=prompt, max_tokens=max_tokens, temperature=0)
-    start = time.perf_counter()
-    first = last = start
-    count = 0
-    for event in stub.Generate(request):
-        if event.WhichOneof("event") != "delta":
-            continue
-        last = time.perf_counter()
-        if count == 0:
-            first = last
-        count += len(event.delta.token_ids)
-    return Run((first - start) * 1000, (count - 1) / (last - first) if count > 1 else 0.0, count)
+def history(index: int, tokens: int) -> str:
+    """A conversation-like text of about `tokens` tokens (a passage is ~80)."""
+    return (
+        f"Session {index}.\n"
+        + PASSAGE * max(tokens // 80, 1)
+        + "\nQuestion: What changed?\nAnswer:"
+    )
 
 
-def concurrent_tps(stub: pb_grpc.InferenceStub, model: str, streams: int, max_tokens: int) -> float:
+@dataclass
+class Figures:
+    model: str
+    threads: int
+    gpu_layers: int
+    runs: int
+    max_tokens: int
+    prompt_tokens: int
+    single: dict[str, float] = field(default_factory=dict)
+    streams: list[dict[str, float]] = field(default_factory=list)
+    second_turn: dict[str, float] = field(default_factory=dict)
+    memory_mib: dict[str, float] = field(default_factory=dict)
+
+
+def median(values: Sequence[float]) -> float:
+    return float(statistics.median(values))
+
+
+def measure_single(
+    llama: Llama, stub: pb_grpc.InferenceStub, model: str, runs: int, max_tokens: int
+) -> dict[str, float]:
+    raw_runs: list[Run] = []
+    served: list[Run] = []
+    for index in range(runs):
+        raw_runs.append(raw.single_run(llama, prompt(index), max_tokens))
+        served.append(service_run(stub, model, prompt(index), max_tokens))
+    return {
+        "raw_decode_tps": median([r.decode_tps for r in raw_runs]),
+        "service_decode_tps": median([r.decode_tps for r in served]),
+        "raw_ttft_ms": median([r.ttft_ms for r in raw_runs]),
+        "service_ttft_ms": median([r.ttft_ms for r in served]),
+    }
+
+
+def service_aggregate_tps(
+    stub: pb_grpc.InferenceStub, model: str, streams: int, max_tokens: int, first: int
+) -> float:
     counts: list[int] = []
+    barrier = threading.Barrier(streams + 1)
 
     def one(index: int) -> None:
-        counts.append(service_run(stub, model, _prompt(1000 + index), max_tokens).tokens)
+        barrier.wait()
+        counts.append(service_run(stub, model, short_prompt(first + index), max_tokens).tokens)
 
-    start = time.perf_counter()
     threads = [threading.Thread(target=one, args=(i,)) for i in range(streams)]
     for thread in threads:
         thread.start()
+    barrier.wait()
+    start = time.perf_counter()
     for thread in threads:
         thread.join()
     return sum(counts) / (time.perf_counter() - start)
 
 
-def rss_mib(pid: int) -> float:
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
-            return int(line.split()[1]) / 1024
-    return 0.0
+def measure_streams(
+    llama: Llama,
+    stub: pb_grpc.InferenceStub,
+    args: argparse.Namespace,
+    tokenize: Callable[[str], list[int]],
+) -> list[dict[str, float]]:
+    rows = []
+    for round_index, streams in enumerate(args.streams):
+        first = 1000 * (round_index + 1)
+        tokens = args.stream_tokens
+        served = service_aggregate_tps(stub, args.model, streams, tokens, first)
+        prompts = [tokenize(short_prompt(first + 500 + i)) for i in range(streams)]
+        batched = raw.batched_tps(llama, prompts, tokens, args.threads)
+        rows.append({"streams": streams, "service_tps": served, "raw_batched_tps": batched})
+    return rows
 
 
-@contextmanager
-def running_server(
-    model: str, threads: int, extra: list[str] | None = None
-) -> Iterator[tuple[str, int]]:
-    command = [sys.executable, "-m", "service.server", "--listen", "127.0.0.1:0"]
-    command += ["--default-model", model, "--threads", str(threads), *(extra or [])]
-    env = {**os.environ, "INFERENCE_LOG_FORMAT": "json", "INFERENCE_LOG_LEVEL": "info"}
-    process = subprocess.Popen(command, stderr=subprocess.PIPE, text=True, env=env)
-    assert process.stderr is not None
-    try:
-        address = ""
-        for line in process.stderr:
-            if not line.startswith("{"):  # llama.cpp writes some lines of its own
-                continue
-            record = json.loads(line)
-            if record.get("event") == "serving":
-                address = record["address"]
-            if record.get("event") == "default model loaded":
-                break
-        threading.Thread(target=process.stderr.read, daemon=True).start()
-        yield address, process.pid
-    finally:
-        process.terminate()
-        process.wait(timeout=30)
-        process.stderr.close()
+def measure_second_turn(
+    llama: Llama,
+    stub: pb_grpc.InferenceStub,
+    args: argparse.Namespace,
+    tokenize: Callable[[str], list[int]],
+) -> dict[str, float]:
+    warm, cold, suffix_only, cached, prompt_tokens = [], [], [], [], []
+    for index in range(args.runs):
+        first_turn = history(5000 + index, args.history_tokens)
+        answer = service_text(stub, args.model, first_turn, 16)
+        second_turn = first_turn + answer + "\nQuestion: And then?\nAnswer:"
+        run = service_run(stub, args.model, second_turn, 8)
+        warm.append(run.ttft_ms)
+        cached.append(run.cached_prompt_tokens)
+        cold.append(service_run(stub, args.model, "Cold. " + second_turn, 8).ttft_ms)
+        ids = tokenize(second_turn)
+        prompt_tokens.append(len(ids))
+        reused = run.cached_prompt_tokens
+        suffix_only.append(raw.suffix_ttft_ms(llama, ids[:reused], ids[reused:]))
+    return {
+        "prompt_tokens": median(prompt_tokens),
+        "cached_prompt_tokens": median(cached),
+        "cold_ttft_ms": median(cold),
+        "second_turn_ttft_ms": median(warm),
+        "raw_suffix_only_ttft_ms": median(suffix_only),
+    }
 
 
-def median(runs: list[Run], field: str) -> float:
-    return float(statistics.median(getattr(run, field) for run in runs))
+def service_text(stub: pb_grpc.InferenceStub, model: str, text: str, max_tokens: int) -> str:
+    request = pb.GenerateRequest(model=model, prompt=text, max_tokens=max_tokens, temperature=0)
+    return "".join(e.delta.text for e in stub.Generate(request) if e.WhichOneof("event") == "delta")
+
+
+def verdict(ok: bool, target: str) -> str:
+    return f"(target {target}: {'met' if ok else 'MISSED'})"
+
+
+def report(figures: Figures, bandwidth_gbs: float | None, model_bytes: int) -> None:
+    print(
+        f"model {figures.model}  prompt {figures.prompt_tokens} tokens  max_tokens "
+        f"{figures.max_tokens}  threads {figures.threads}  gpu layers {figures.gpu_layers}  "
+        f"medians of {figures.runs}"
+    )
+    report_single(figures.single)
+    report_streams(figures, bandwidth_gbs, model_bytes)
+    report_second_turn(figures.second_turn)
+    memory = figures.memory_mib
+    print(f"\nmemory (RSS MiB): raw {memory['raw']:.0f}, service {memory['service']:.0f}")
+
+
+def report_single(single: dict[str, float]) -> None:
+    raw_tps, served_tps = single["raw_decode_tps"], single["service_decode_tps"]
+    raw_ttft, served_ttft = single["raw_ttft_ms"], single["service_ttft_ms"]
+    ratio, overhead = served_tps / raw_tps, served_ttft - raw_ttft
+    print(f"\n{'single stream':28}{'raw':>10}{'service':>10}   result")
+    print(
+        f"{'decode tokens/s':28}{raw_tps:10.1f}{served_tps:10.1f}   {ratio:.2f}x raw "
+        + verdict(ratio >= TARGET_SINGLE_RATIO, f">= {TARGET_SINGLE_RATIO}")
+    )
+    print(
+        f"{'time to first token (ms)':28}{raw_ttft:10.1f}{served_ttft:10.1f}   {overhead:+.1f} ms "
+        + verdict(overhead <= TARGET_TTFT_OVERHEAD_MS, f"<= +{TARGET_TTFT_OVERHEAD_MS:.0f} ms")
+    )
+
+
+def report_streams(figures: Figures, bandwidth_gbs: float | None, model_bytes: int) -> None:
+    one = next((row["service_tps"] for row in figures.streams if row["streams"] == 1), None)
+    columns = ("streams", "service tok/s", "x 1 stream", "raw batched", "service/raw")
+    header = "\n" + "".join(f"{name:>14}" for name in columns)
+    print(header + ("   bandwidth used" if bandwidth_gbs else ""))
+    for row in figures.streams:
+        streams = int(row["streams"])
+        scale = row["service_tps"] / one if one else float("nan")
+        served, batched = row["service_tps"], row["raw_batched_tps"]
+        line = f"{streams:14d}{served:14.1f}{scale:14.2f}{batched:14.1f}{served / batched:14.2f}"
+        if bandwidth_gbs:
+            steps = served / streams  # each step reads the weights once
+            line += f"   {steps * model_bytes / (bandwidth_gbs * 1e9):.1%}"
+        if streams == 8 and one:
+            line += "   " + verdict(scale >= TARGET_EIGHT_STREAMS, f">= {TARGET_EIGHT_STREAMS}x")
+        print(line)
+
+
+def report_second_turn(turn: dict[str, float]) -> None:
+    warm, cold = turn["second_turn_ttft_ms"], turn["cold_ttft_ms"]
+    suffix = turn["raw_suffix_only_ttft_ms"]
+    print(
+        f"\nsecond turn: {turn['prompt_tokens']:.0f}-token prompt, "
+        f"{turn['cached_prompt_tokens']:.0f} of them cached"
+    )
+    print(f"  TTFT {warm:.1f} ms; cold {cold:.1f} ms ({cold / warm:.1f}x slower)")
+    print(
+        f"  raw llama.cpp evaluating only the suffix: {suffix:.1f} ms; second turn "
+        f"{warm / suffix:.2f}x that "
+        + verdict(warm / suffix <= TARGET_SECOND_TURN, f"<= {TARGET_SECOND_TURN}x")
+    )
+
+
+def write_outputs(figures: Figures, out: Path) -> None:
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "generate.json").write_text(json.dumps(asdict(figures), indent=2) + "\n")
+    bar_chart(
+        out / "generate.png",
+        f"{figures.model}: aggregate decode throughput by concurrent streams",
+        [f"{int(row['streams'])} streams" for row in figures.streams],
+        {
+            "service": [row["service_tps"] for row in figures.streams],
+            "raw batched llama.cpp": [row["raw_batched_tps"] for row in figures.streams],
+        },
+        "tokens/s",
+    )
+    print(f"\nfigures: {out / 'generate.json'}, chart: {out / 'generate.png'}")
+
+
+def parse_args() -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
+    parser.add_argument("--model", default="gemma3-270m", choices=sorted(EMBEDDED_MODELS))
+    parser.add_argument("--model-path", type=Path, help="any GGUF file instead of --model")
+    parser.add_argument("--runs", type=int, default=5)
+    parser.add_argument("--max-tokens", type=int, default=64)
+    parser.add_argument("--context-size", type=int, default=4096)
+    parser.add_argument(
+        "--streams", type=lambda text: [int(n) for n in text.split(",")], default=[1, 2, 4, 8]
+    )
+    parser.add_argument(
+        "--stream-tokens", type=int, default=96, help="tokens per stream, concurrency section"
+    )
+    parser.add_argument("--history-tokens", type=int, default=1400)
+    parser.add_argument("--gpu-layers", type=int, default=0, help="offload to a GPU build")
+    parser.add_argument("--bandwidth-gbs", type=float, help="memory bandwidth, for the bound")
+    parser.add_argument("--out", type=Path, default=Path("bench-results"))
+    args = parser.parse_args()
+    args.threads = available_cores()
+    return args
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--model", default="gemma3-270m", choices=sorted(EMBEDDED_MODELS))
-    parser.add_argument("--runs", type=int, default=3)
-    parser.add_argument("--max-tokens", type=int, default=64)
-    parser.add_argument("--context-size", type=int, default=4096)
-    parser.add_argument("--concurrent", type=int, default=4)
-    parser.add_argument("--model-path", type=Path, help="any GGUF file instead of --model")
-    parser.add_argument("--gpu-layers", type=int, default=0, help="offload to a GPU build")
-    args = parser.parse_args()
-    threads = available_cores()
+    args = parse_args()
     path = args.model_path or EMBEDDED_MODELS[args.model].locate()
-    server_flags = ["--gpu-layers", str(args.gpu_layers), "--context-size", str(args.context_size)]
+    # Room for every stream at once, so the service never waits for cache space.
+    streams_context = max(args.streams) * (64 + args.stream_tokens)
+    server_flags = [
+        "--gpu-layers", str(args.gpu_layers),
+        "--context-size", str(max(args.context_size, streams_context)),
+        "--parallel-sequences", str(max(args.streams)),
+    ]  # fmt: skip
     if args.model_path:
         args.model = "bench"
         server_flags += ["--model", f"bench={path}"]
 
-    before = rss_mib(os.getpid())
-    llama = Llama(
-        str(path),
-        n_ctx=args.context_size,
-        n_threads=threads,
-        n_threads_batch=threads,
-        n_gpu_layers=args.gpu_layers,
-        verbose=False,
-    )
-    raw_rss = rss_mib(os.getpid()) - before
-    prompt_tokens = len(llama.tokenize(_prompt(0).encode(), add_bos=True, special=True))
+    before = rss_mib_self()
+    llama = raw.open_llama(path, args.context_size, args.threads, args.gpu_layers)
+    raw_rss = rss_mib_self() - before
 
-    raw: list[Run] = []
-    served: list[Run] = []
+    def tokenize(text: str) -> list[int]:
+        return list(llama.tokenize(text.encode(), add_bos=True, special=True))
+
+    figures = Figures(
+        model=args.model,
+        threads=args.threads,
+        gpu_layers=args.gpu_layers,
+        runs=args.runs,
+        max_tokens=args.max_tokens,
+        prompt_tokens=len(tokenize(prompt(0))),
+    )
     with (
-        running_server(args.model, threads, server_flags) as (address, pid),
-        grpc.insecure_channel(address) as ch,
+        running_server(args.model, args.threads, server_flags) as (address, pid),
+        grpc.insecure_channel(address) as channel,
     ):
-        stub = pb_grpc.InferenceStub(ch)
+        stub = pb_grpc.InferenceStub(channel)
         service_run(stub, args.model, "warm up", 4)
-        raw_run(llama, "warm up", 4)
-        for index in range(args.runs):
-            raw.append(raw_run(llama, _prompt(index), args.max_tokens))
-            served.append(service_run(stub, args.model, _prompt(index), args.max_tokens))
-        server_rss = rss_mib(pid)
-        llama.close()
-        aggregate = concurrent_tps(stub, args.model, args.concurrent, args.max_tokens)
+        raw.single_run(llama, "warm up", 4)
+        figures.single = measure_single(llama, stub, args.model, args.runs, args.max_tokens)
+        figures.memory_mib = {"raw": raw_rss, "service": rss_mib(pid)}
+        figures.streams = measure_streams(llama, stub, args, tokenize)
+        figures.second_turn = measure_second_turn(llama, stub, args, tokenize)
+    llama.close()
+    report(figures, args.bandwidth_gbs, path.stat().st_size)
+    write_outputs(figures, args.out)
 
-    print(
-        f"model {args.model}  prompt {prompt_tokens} tokens  max_tokens {args.max_tokens}  "
-        f"threads {threads}  gpu layers {args.gpu_layers}  runs {args.runs} (medians)"
-    )
-    print(f"{'':28}{'raw llama-cpp':>14}{'service':>12}{'service/raw':>13}")
-    for label, field in [
-        ("time to first token (ms)", "ttft_ms"),
-        ("decode (tokens/s)", "decode_tps"),
-    ]:
-        r, s = median(raw, field), median(served, field)
-        print(f"{label:28}{r:14.1f}{s:12.1f}{s / r:13.2f}")
-    print(
-        f"{'model memory (RSS MiB)':28}{raw_rss:14.0f}{server_rss:12.0f}"
-        f"{server_rss / raw_rss:13.2f}   (service: whole process)"
-    )
-    single = median(served, "decode_tps")
-    print(
-        f"{args.concurrent} concurrent streams: {aggregate:.1f} tokens/s aggregate "
-        f"({aggregate / single:.2f}x one stream's decode rate)"
-    )
+
+def rss_mib_self() -> float:
+    return rss_mib(os.getpid())
 
 
 if __name__ == "__main__":

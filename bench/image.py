@@ -18,7 +18,7 @@ from pathlib import Path
 
 import grpc
 
-from bench.generate import running_server
+from bench.server import running_server
 from inference.v1 import inference_pb2 as pb
 from inference.v1 import inference_pb2_grpc as pb_grpc
 from service.config import available_cores

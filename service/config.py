@@ -201,7 +201,7 @@ class Settings(BaseSettings):
         "that a request gets RESOURCE_EXHAUSTED at once.",
     )
     cached_sequences: int = Field(
-        default=8,
+        default=4,
         ge=0,
         le=128,
         description="Finished conversations whose KV cache a llama.cpp model keeps, so "

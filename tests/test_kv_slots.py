@@ -105,3 +105,16 @@ def test_a_busy_slot_is_never_chosen_or_evicted() -> None:
     other = started(table, [1, 2, 3])
     assert busy != other
     assert table.place([1, 2, 3], max_tokens=1) is None  # both slots run
+
+
+def test_only_the_most_recent_finished_sequences_stay_cached() -> None:
+    table = SlotTable(slots=4, capacity=100, keep_idle=2)
+    ids = [started(table, [n, n, n]) for n in (1, 2, 3)]
+    for seq_id in ids:
+        table.slots[seq_id].tokens = [seq_id] * 3
+    assert table.release(table.slots[ids[0]]) == []
+    assert table.release(table.slots[ids[1]]) == []
+    evicted = table.release(table.slots[ids[2]])
+    assert [slot.seq_id for slot in evicted] == [ids[0]]
+    assert table.slots[ids[0]].tokens == []
+    assert table.slots[ids[2]].tokens == [ids[2]] * 3

@@ -43,6 +43,7 @@ LOW_LEVEL_NAMES = (
     "llama_vocab_n_tokens",
     "llama_token_to_piece",
     "LLAMA_FLASH_ATTN_TYPE_AUTO",
+    "llama_supports_gpu_offload",
 )
 
 GREEDY = SamplingParams(temperature=0.0, top_p=1.0, top_k=0, min_p=0.0, repeat_penalty=1.0, seed=1)
@@ -88,7 +89,7 @@ def run(
     produced: list[list[int]] = [[] for _ in prompts]
     try:
         while min(len(ids) for ids in produced) < tokens:
-            for into, sampled in zip(produced, backend.step(sequences), strict=True):
+            for into, sampled in zip(produced, backend.step(sequences, lambda: None), strict=True):
                 if sampled is not None:
                     into.append(sampled.token)
     finally:
@@ -127,7 +128,7 @@ def test_logprobs_are_bounded_and_ranked(backend: LlamaCppBackend) -> None:
     assert sequence is not None
     sampled = None
     while sampled is None:
-        sampled = backend.step([sequence])[0]
+        sampled = backend.step([sequence], lambda: None)[0]
     backend.finish(sequence)
     entry = sampled.logprob
     assert entry is not None

@@ -15,7 +15,7 @@ Backends produce tokens in one of two ways:
 
 from __future__ import annotations
 
-from collections.abc import Generator, Sequence
+from collections.abc import Callable, Generator, Sequence
 from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
 
@@ -133,9 +133,14 @@ class SequenceStepper(Protocol):
         """
         ...
 
-    def step(self, sequences: Sequence[ActiveSequence]) -> list[Sampled | None]:
+    def step(
+        self, sequences: Sequence[ActiveSequence], before_compute: Callable[[], None]
+    ) -> list[Sampled | None]:
         """Advance every sequence by one scheduler step.
 
+        `before_compute` runs once the step's input is ready, just before the
+        forward pass (the scheduler sends the previous step's events then, so
+        the event loop handles them while the model computes).
         Returns, per sequence, what it sampled, or None while its prompt
         is still being evaluated (long prompts take several steps).
         """

@@ -58,9 +58,11 @@ class Placement:
 
 
 class SlotTable:
-    def __init__(self, slots: int, capacity: int) -> None:
+    def __init__(self, slots: int, capacity: int, keep_idle: int | None = None) -> None:
         self.slots = [Slot(seq_id) for seq_id in range(slots)]
         self.capacity = capacity
+        # Finished sequences kept cached; None: as many as there are slots.
+        self.keep_idle = slots if keep_idle is None else keep_idle
 
     def place(self, prompt: Sequence[int], max_tokens: int) -> Placement | None:
         """Where a new sequence goes, or None when the cache has no room now.
@@ -94,9 +96,24 @@ class SlotTable:
         slot.reserved = prompt_length + max_tokens
         slot.last_used = next(_clock)
 
-    def release(self, slot: Slot) -> None:
+    def release(self, slot: Slot) -> list[Slot]:
+        """Mark a slot idle; the idle slots to empty now, beyond the ones kept.
+
+        Every cached token costs attention time in every step (llama.cpp's
+        unified cache attends over all used cells, masked), so only the
+        `keep_idle` most recently used finished sequences stay.
+        """
         slot.reserved = None
         slot.last_used = next(_clock)
+        cached = sorted(
+            (s for s in self.slots if not s.busy and s.tokens),
+            key=lambda s: s.last_used,
+            reverse=True,
+        )
+        evicted = cached[self.keep_idle :]
+        for victim in evicted:
+            victim.tokens.clear()
+        return evicted
 
     def _longest_prefix(self, prompt: Sequence[int]) -> tuple[Slot | None, int]:
         best: Slot | None = None

@@ -24,9 +24,10 @@ class Batch:
     def __init__(self, capacity: int) -> None:
         self.capacity = capacity
         self._batch: llama_cpp.llama_batch | None = llama_cpp.llama_batch_init(capacity, 0, 1)
+        self._outputs: list[int] = []
 
-    def decode(self, context: llama_cpp.llama_context_p, chunks: Sequence[Chunk]) -> list[int]:
-        """Evaluate the chunks together; per chunk, its output index (or -1)."""
+    def fill(self, chunks: Sequence[Chunk]) -> None:
+        """Put the chunks in the batch; per chunk, `decode` returns its output index."""
         batch = self._live()
         outputs: list[int] = []
         index = 0
@@ -42,12 +43,16 @@ class Batch:
                 batch.logits[index - 1] = True
             outputs.append(index - 1 if chunk.wants_logits else -1)
         batch.n_tokens = index
-        status = llama_cpp.llama_decode(context, batch)
+        self._outputs = outputs
+
+    def decode(self, context: llama_cpp.llama_context_p) -> list[int]:
+        """Evaluate what `fill` put in; per chunk, its output index (or -1)."""
+        status = llama_cpp.llama_decode(context, self._live())
         if status != 0:
             # 1: no room in the KV cache; <0: an error inside llama.cpp. Either way the
             # cache state of this batch is unknown.
             raise RuntimeError(f"llama_decode failed with status {status}")
-        return outputs
+        return self._outputs
 
     def close(self) -> None:
         if self._batch is not None:

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import ctypes
 import threading
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -92,6 +92,19 @@ _FLASH_ATTENTION = {
 }
 
 
+def _flash_attention_type(setting: FlashAttention) -> int:
+    """llama.cpp's flash-attention mode for a setting.
+
+    "auto" lets llama.cpp decide where there is a GPU, and means off on the
+    CPU: the CPU kernel's rounding depends on where a sequence's cells sit in
+    the shared cache, so a seeded request could change its text from one run
+    to the next, and it is no faster there.
+    """
+    if setting == "auto" and not llama_cpp.llama_supports_gpu_offload():
+        return int(llama_cpp.LLAMA_FLASH_ATTN_TYPE_DISABLED)
+    return int(_FLASH_ATTENTION[setting])
+
+
 @dataclass(frozen=True)
 class LlamaCppOptions:
     context_size: int
@@ -103,7 +116,7 @@ class LlamaCppOptions:
     # Sequences decoded together in one step.
     max_sequences: int = 8
     # Finished conversations kept in the cache beside the running ones.
-    cached_sequences: int = 8
+    cached_sequences: int = 4
     # While other sequences decode, the most prompt tokens a step evaluates, so
     # that a long newcomer prompt does not stall their streams.
     prefill_chunk: int = 128
@@ -125,7 +138,7 @@ def _new_context(model: LlamaModel, options: LlamaCppOptions, size: int) -> Llam
     params.n_batch = params.n_ubatch = options.batch_size
     params.n_seq_max = options.max_sequences + options.cached_sequences
     params.n_threads = params.n_threads_batch = options.threads
-    params.flash_attn_type = _FLASH_ATTENTION[options.flash_attention]
+    params.flash_attn_type = _flash_attention_type(options.flash_attention)
     # One pool of cells for every sequence, so a prefix can be shared between them.
     params.kv_unified = True
     # Keep sliding-window layers' full history, so a cached prefix can be trimmed.
@@ -161,7 +174,11 @@ class LlamaCppBackend:
         self._vocab = self._model.vocab
         self._n_vocab = self._model.n_vocab()
         self._metadata: dict[str, str] = self._model.metadata()
-        self._slots = SlotTable(slots=llama_cpp.llama_n_seq_max(self._context.ctx), capacity=size)
+        self._slots = SlotTable(
+            slots=llama_cpp.llama_n_seq_max(self._context.ctx),
+            capacity=size,
+            keep_idle=options.cached_sequences,
+        )
         self._batch = Batch(options.batch_size)
         self._piece_buffer = ctypes.create_string_buffer(256)
         self._closed = threading.Event()
@@ -235,10 +252,14 @@ class LlamaCppBackend:
             top_logprobs=request.top_logprobs,
         )
 
-    def step(self, sequences: Sequence[ActiveSequence]) -> list[Sampled | None]:
+    def step(
+        self, sequences: Sequence[ActiveSequence], before_compute: Callable[[], None]
+    ) -> list[Sampled | None]:
         own = [_own(sequence) for sequence in sequences]
         chunks = self._plan_step(own)
-        outputs = self._batch.decode(self._context.ctx, list(chunks.values()))
+        self._batch.fill(list(chunks.values()))
+        before_compute()
+        outputs = self._batch.decode(self._context.ctx)
         sampled: dict[LlamaSequence, Sampled] = {}
         for (sequence, chunk), output in zip(chunks.items(), outputs, strict=True):
             sequence.slot.tokens.extend(chunk.tokens)
@@ -263,7 +284,8 @@ class LlamaCppBackend:
     def finish(self, sequence: ActiveSequence) -> None:
         own = _own(sequence)
         own.sampler.close()
-        self._slots.release(own.slot)
+        for victim in self._slots.release(own.slot):
+            llama_cpp.llama_memory_seq_rm(self._memory, victim.seq_id, -1, -1)
 
     def close(self) -> None:
         if not self._closed.is_set():

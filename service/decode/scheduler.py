@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import asyncio
 from collections import deque
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass
 
 from service.backends.base import (
@@ -55,6 +55,8 @@ class DecodeScheduler:
         self._waiting: deque[_Request] = deque()
         self._active: list[_Request] = []
         self._failure: str | None = None
+        # Events (None: end of stream) waiting for the next flush, in order.
+        self._outbox: list[tuple[Channel[DecodeEvent], DecodeEvent | None]] = []
         worker.attach(self.step)
 
     @property
@@ -72,12 +74,29 @@ class DecodeScheduler:
     # --- on the worker thread ---------------------------------------------------------
 
     def step(self) -> bool:
-        """One scheduler step; whether there is more work."""
+        """One scheduler step; whether there is more work.
+
+        Events go out just before the next forward pass rather than as they are
+        made: the event loop then handles them while llama.cpp computes (with
+        the GIL released), instead of taking the GIL from this thread between
+        two passes.
+        """
         self._drop_cancelled()
         self._admit_waiting()
         if self._active:
             self._advance()
-        return bool(self._active or self._waiting)
+        more = bool(self._active or self._waiting)
+        if not more:
+            self._flush()
+        return more
+
+    def _flush(self) -> None:
+        outbox, self._outbox = self._outbox, []
+        for channel, event in outbox:
+            if event is None:
+                channel.close()
+            else:
+                channel.send(event)
 
     def _enqueue(self, request: _Request) -> None:
         if self._failure is not None:
@@ -128,7 +147,7 @@ class DecodeScheduler:
     def _advance(self) -> None:
         active = list(self._active)
         try:
-            tokens = self._stepper.step([_sequence(r) for r in active])
+            tokens = self._stepper.step([_sequence(r) for r in active], self._flush)
         except Exception as exc:
             self._fail_all(exc)
             return
@@ -140,16 +159,17 @@ class DecodeScheduler:
         decoder = request.decoder
         assert decoder is not None  # set when the request became active
         for event in decoder.push(sampled.token, sampled.logprob):
-            request.channel.send(event)
+            self._outbox.append((request.channel, event))
         if decoder.done:
             self._retire(request)
 
     def _retire(self, request: _Request) -> None:
         self._active.remove(request)
         self._stepper.finish(_sequence(request))
-        request.channel.close()
+        self._outbox.append((request.channel, None))
 
     def _fail_all(self, error: Exception) -> None:
+        self._flush()  # what was produced before the failure still goes out
         self._failure = f"the model failed while generating ({error}); it is being reloaded"
         for request in self._active:
             request.channel.close(error)
@@ -213,7 +233,10 @@ class OneAtATime:
         self._busy = True
         return _Streaming(self._backend.generate(request.prompt_ids, request.sampling))
 
-    def step(self, sequences: Sequence[ActiveSequence]) -> list[Sampled | None]:
+    def step(
+        self, sequences: Sequence[ActiveSequence], before_compute: Callable[[], None]
+    ) -> list[Sampled | None]:
+        before_compute()
         return [Sampled(self._next_token(sequence)) for sequence in sequences]
 
     def finish(self, sequence: ActiveSequence) -> None:

@@ -26,7 +26,7 @@ class ModelSpec:
     gpu_layers: int = -1
     # Generations of this model decoded together, and finished ones kept cached.
     parallel_sequences: int = 8
-    cached_sequences: int = 8
+    cached_sequences: int = 4
     main_gpu: int = 0
     flash_attention: FlashAttention = "auto"
     chat_template: str | None = None

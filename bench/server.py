@@ -1,0 +1,85 @@
+"""Starting the service in a subprocess and timing Generate calls against it."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+
+from inference.v1 import inference_pb2 as pb
+from inference.v1 import inference_pb2_grpc as pb_grpc
+
+
+@dataclass(frozen=True)
+class Run:
+    """One timed generation: what a client saw."""
+
+    ttft_ms: float
+    decode_tps: float
+    tokens: int
+    cached_prompt_tokens: int = 0
+
+
+def rate(tokens: int, first: float, last: float) -> float:
+    """Tokens per second after the first one (the first one is TTFT's)."""
+    return (tokens - 1) / (last - first) if tokens > 1 and last > first else 0.0
+
+
+def service_run(stub: pb_grpc.InferenceStub, model: str, prompt: str, max_tokens: int) -> Run:
+    request = pb.GenerateRequest(model=model, prompt=prompt, max_tokens=max_tokens, temperature=0)
+    start = time.perf_counter()
+    first = last = start
+    count = cached = 0
+    for event in stub.Generate(request):
+        kind = event.WhichOneof("event")
+        if kind == "finished":
+            cached = event.finished.usage.cached_prompt_tokens
+        if kind != "delta":
+            continue
+        last = time.perf_counter()
+        if count == 0:
+            first = last
+        count += len(event.delta.token_ids)
+    return Run((first - start) * 1000, rate(count, first, last), count, cached)
+
+
+def rss_mib(pid: int) -> float:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+    return 0.0
+
+
+@contextmanager
+def running_server(
+    model: str, threads: int, extra: list[str] | None = None
+) -> Iterator[tuple[str, int]]:
+    """The service in a subprocess, serving `model` by default; its address and pid."""
+    command = [sys.executable, "-m", "service.server", "--listen", "127.0.0.1:0"]
+    command += ["--default-model", model, "--threads", str(threads), *(extra or [])]
+    env = {**os.environ, "INFERENCE_LOG_FORMAT": "json", "INFERENCE_LOG_LEVEL": "info"}
+    process = subprocess.Popen(command, stderr=subprocess.PIPE, text=True, env=env)
+    assert process.stderr is not None
+    try:
+        address = ""
+        for line in process.stderr:
+            if not line.startswith("{"):  # llama.cpp writes some lines of its own
+                continue
+            record = json.loads(line)
+            if record.get("event") == "serving":
+                address = record["address"]
+            if record.get("event") == "default model loaded":
+                break
+        threading.Thread(target=process.stderr.read, daemon=True).start()
+        yield address, process.pid
+    finally:
+        process.terminate()
+        process.wait(timeout=30)
+        process.stderr.close()
