@@ -125,6 +125,11 @@ class SequenceStepper(Protocol):
         """How many sequences one step may advance together."""
         ...
 
+    @property
+    def computes_off_cpu(self) -> bool:
+        """Whether the forward pass runs on another device, leaving the CPU free."""
+        ...
+
     def start(self, request: SequenceRequest) -> ActiveSequence | None:
         """Claim cache room for a new sequence, or None when there is none now.
 

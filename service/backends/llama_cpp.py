@@ -92,19 +92,6 @@ _FLASH_ATTENTION = {
 }
 
 
-def _flash_attention_type(setting: FlashAttention) -> int:
-    """llama.cpp's flash-attention mode for a setting.
-
-    "auto" lets llama.cpp decide where there is a GPU, and means off on the
-    CPU: the CPU kernel's rounding depends on where a sequence's cells sit in
-    the shared cache, so a seeded request could change its text from one run
-    to the next, and it is no faster there.
-    """
-    if setting == "auto" and not llama_cpp.llama_supports_gpu_offload():
-        return int(llama_cpp.LLAMA_FLASH_ATTN_TYPE_DISABLED)
-    return int(_FLASH_ATTENTION[setting])
-
-
 @dataclass(frozen=True)
 class LlamaCppOptions:
     context_size: int
@@ -138,7 +125,7 @@ def _new_context(model: LlamaModel, options: LlamaCppOptions, size: int) -> Llam
     params.n_batch = params.n_ubatch = options.batch_size
     params.n_seq_max = options.max_sequences + options.cached_sequences
     params.n_threads = params.n_threads_batch = options.threads
-    params.flash_attn_type = _flash_attention_type(options.flash_attention)
+    params.flash_attn_type = _FLASH_ATTENTION[options.flash_attention]
     # One pool of cells for every sequence, so a prefix can be shared between them.
     params.kv_unified = True
     # Keep sliding-window layers' full history, so a cached prefix can be trimmed.
@@ -195,6 +182,10 @@ class LlamaCppBackend:
     @property
     def max_sequences(self) -> int:
         return self._options.max_sequences
+
+    @property
+    def computes_off_cpu(self) -> bool:
+        return self._options.gpu_layers != 0 and bool(llama_cpp.llama_supports_gpu_offload())
 
     @property
     def chat_template(self) -> str | None:

@@ -65,7 +65,8 @@ class DecodeScheduler:
 
     async def stream(self, plan: DecodePlan, received_at: float) -> AsyncIterator[DecodeEvent]:
         """The events of one generation; stopping early cancels it."""
-        channel: Channel[DecodeEvent] = Channel(asyncio.get_running_loop())
+        relayed = self._stepper.computes_off_cpu
+        channel: Channel[DecodeEvent] = Channel(asyncio.get_running_loop(), relayed)
         request = _Request(plan, received_at, channel)
         self._worker.submit(lambda: self._enqueue(request))
         async for event in channel:
@@ -77,9 +78,8 @@ class DecodeScheduler:
         """One scheduler step; whether there is more work.
 
         Events go out just before the next forward pass rather than as they are
-        made: the event loop then handles them while llama.cpp computes (with
-        the GIL released), instead of taking the GIL from this thread between
-        two passes.
+        made, so that with a GPU the event loop handles them while the model
+        computes (see `Channel`).
         """
         self._drop_cancelled()
         self._admit_waiting()
@@ -221,6 +221,10 @@ class OneAtATime:
     @property
     def max_sequences(self) -> int:
         return 1
+
+    @property
+    def computes_off_cpu(self) -> bool:
+        return False
 
     def start(self, request: SequenceRequest) -> ActiveSequence | None:
         if request.grammar is not None or request.top_logprobs is not None:

@@ -39,9 +39,10 @@ class _Relay:
     A worker that wakes the event loop itself (call_soon_threadsafe writes to
     the loop's self-pipe) hands the GIL to the loop and then waits for the loop
     to finish before it can start the next forward pass: about half a
-    millisecond per token here. Handing items to this thread instead costs the
-    worker an append; the relay takes the GIL when the worker releases it in
-    the forward pass, and the loop runs while the model computes.
+    millisecond per token, a quarter of a decode step on an H200. Handing items
+    to this thread instead costs the worker an append; the relay takes the GIL
+    when the worker releases it in the forward pass, and the loop runs while
+    the model computes.
     """
 
     def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
@@ -90,18 +91,32 @@ class Channel(Generic[T]):
 
     `cancelled` is set once the consumer stops listening (the client went
     away, its deadline passed); the producer checks it and stops early.
+    `relayed` channels wake the loop through the relay thread (see `_Relay`):
+    worth it when the model computes on a GPU and the CPU is free meanwhile.
+    On the CPU, the loop's work would compete with llama.cpp's threads for the
+    cores and slow every pass; done between passes, it costs only its time.
     """
 
-    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
-        self._relay = _relay_for(loop)
+    def __init__(self, loop: asyncio.AbstractEventLoop, relayed: bool = False) -> None:
+        self._loop = loop
+        self._relay = _relay_for(loop) if relayed else None
         self.queue: asyncio.Queue[tuple[object, BaseException | None]] = asyncio.Queue()
         self.cancelled = threading.Event()
 
     def send(self, item: T) -> None:
-        self._relay.put(self, item, None)
+        self._put(item, None)
 
     def close(self, error: BaseException | None = None) -> None:
-        self._relay.put(self, _END, error)
+        self._put(_END, error)
+
+    def _put(self, item: object, error: BaseException | None) -> None:
+        if self._relay is not None:
+            self._relay.put(self, item, error)
+            return
+        try:
+            self._loop.call_soon_threadsafe(self.queue.put_nowait, (item, error))
+        except RuntimeError:  # the event loop is gone (shutdown): nobody listens
+            self.cancelled.set()
 
     async def __aiter__(self) -> AsyncIterator[T]:
         try:
