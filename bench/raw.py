@@ -31,6 +31,9 @@ def open_llama(path: Path, context_size: int, threads: int, gpu_layers: int) -> 
         n_threads=threads,
         n_threads_batch=threads,
         n_gpu_layers=gpu_layers,
+        # The service leaves flash attention to llama.cpp ("auto"), which turns it
+        # on for these models on the CPU and on CUDA; the raw side does the same.
+        flash_attn=True,
         verbose=False,
     )
 

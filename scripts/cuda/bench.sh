@@ -34,8 +34,9 @@ if [ -n "$llama_bench" ]; then
         | tee "$out/llama-bench.md" || echo "llama-bench failed" >&2
 fi
 
-args=(--gpu-layers -1 --runs 3 --max-tokens 128 --concurrent 4 --context-size 4096)
+args=(--gpu-layers -1 --runs 5 --max-tokens 128 --streams 1,8,32,64 --stream-tokens 128
+      --context-size 32768 --bandwidth-gbs 4800 --out "$out")
 [ $# -gt 0 ] && args=("$@")
-timeout 300 "$python" -m bench.generate --model-path "$model" "${args[@]}" \
+timeout 420 "$python" -m bench.generate --model-path "$model" "${args[@]}" \
     2>"$out/bench-generate.err" | tee "$out/bench-generate.txt" \
     || { tail -30 "$out/bench-generate.err"; exit 1; }
