@@ -251,19 +251,38 @@ class LlamaCppBackend:
         self._batch.fill(list(chunks.values()))
         before_compute()
         outputs = self._batch.decode(self._context.ctx)
-        sampled: dict[LlamaSequence, Sampled] = {}
+        ready: list[tuple[LlamaSequence, int]] = []
         for (sequence, chunk), output in zip(chunks.items(), outputs, strict=True):
             sequence.slot.tokens.extend(chunk.tokens)
             del sequence.pending[: len(chunk.tokens)]
             if output >= 0:
-                sampled[sequence] = self._sample(sequence, output)
+                ready.append((sequence, output))
+        greedy = self._greedy_tokens(ready)
+        sampled = {seq: self._sample(seq, output, greedy.get(seq)) for seq, output in ready}
         self._count_down_fault(len(sampled))
         return [sampled.get(sequence) for sequence in own]
 
-    def _sample(self, sequence: LlamaSequence, output: int) -> Sampled:
+    def _greedy_tokens(self, ready: list[tuple[LlamaSequence, int]]) -> dict[LlamaSequence, int]:
+        """The argmax of every plain-greedy sequence's logits, in one numpy call.
+
+        With dozens of sequences a step, one call per sequence is what limits a GPU.
+        Outputs sit in llama_get_logits' rows in batch order, the order of `ready`.
+        """
+        rows = [row for row, (sequence, _) in enumerate(ready) if sequence.sampler.plain_greedy]
+        if not rows:
+            return {}
+        pointer = llama_cpp.llama_get_logits(self._context.ctx)
+        logits = np.ctypeslib.as_array(pointer, shape=(len(ready), self._n_vocab))
+        if len(rows) == len(ready):
+            tokens = np.argmax(logits, axis=1).tolist()
+        else:  # row views: indexing with the list would copy every row first
+            tokens = [int(np.argmax(logits[row])) for row in rows]
+        return {ready[row][0]: int(token) for row, token in zip(rows, tokens, strict=True)}
+
+    def _sample(self, sequence: LlamaSequence, output: int, greedy: int | None) -> Sampled:
         # Logprobs read the raw logits, which sampling leaves as they are.
         context = self._context.ctx
-        token = sequence.sampler.sample(context, output)
+        token = sequence.sampler.sample(context, output) if greedy is None else greedy
         sequence.pending, sequence.decoding = [token], True
         if sequence.top_logprobs is None:
             return Sampled(token)

@@ -59,6 +59,11 @@ class SamplerChain:
         self._add(llama_cpp.llama_sampler_init_temp(params.temperature))
         self._add(llama_cpp.llama_sampler_init_dist(params.seed))
 
+    @property
+    def plain_greedy(self) -> bool:
+        """Whether sampling is an argmax of the logits (and may be done in bulk)."""
+        return self._argmax_over is not None
+
     def sample(self, context: llama_cpp.llama_context_p, output_index: int) -> int:
         """Sample from the logits of batch output `output_index`, and remember the choice."""
         if self._argmax_over is not None:
