@@ -6,11 +6,15 @@ inference-client image PROMPT --out FILE.png [--model M] [--width W] [--height H
 inference-client admit MODEL [--image]      # can the server serve it, and how
 inference-client models
 inference-client health
+
+Connection options come before the command: --target HOST:PORT, --tls-ca FILE (TLS;
+with --tls-cert/--tls-key for mTLS), --token TOKEN (or INFERENCE_TOKEN), --request-id ID.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from collections.abc import Iterable, Sequence
 from pathlib import Path
@@ -25,8 +29,35 @@ from inference.v1 import inference_pb2_grpc as pb_grpc
 DEFAULT_TARGET = "127.0.0.1:50051"
 
 
+def _channel(args: argparse.Namespace) -> grpc.Channel:
+    """Plaintext, or TLS when a CA is given (mutual when a client certificate is too)."""
+    if args.tls_ca is None:
+        return grpc.insecure_channel(args.target)
+    credentials = grpc.ssl_channel_credentials(
+        root_certificates=args.tls_ca.read_bytes(),
+        private_key=args.tls_key.read_bytes() if args.tls_key else None,
+        certificate_chain=args.tls_cert.read_bytes() if args.tls_cert else None,
+    )
+    return grpc.secure_channel(args.target, credentials)
+
+
+def _metadata(args: argparse.Namespace) -> list[tuple[str, str]]:
+    metadata = []
+    if args.token:
+        metadata.append(("authorization", f"Bearer {args.token}"))
+    if args.request_id:
+        metadata.append(("x-request-id", args.request_id))
+    return metadata
+
+
 def _generate_request(args: argparse.Namespace) -> pb.GenerateRequest:
     request = pb.GenerateRequest(model=args.model, stop=args.stop)
+    if args.grammar is not None:
+        request.grammar = args.grammar
+    if args.json_schema is not None:
+        request.response_format.json_schema = args.json_schema
+    if args.top_logprobs is not None:
+        request.logprobs, request.top_logprobs = True, args.top_logprobs
     if args.chat:
         request.messages.append(pb.ChatMessage(role="user", content=args.prompt))
     else:
@@ -61,9 +92,12 @@ def _print_stream(stream: Iterable[pb.GenerateResponse], as_json: bool) -> None:
 
 
 def generate(args: argparse.Namespace) -> int:
-    with grpc.insecure_channel(args.target) as channel:
+    with _channel(args) as channel:
         stub = pb_grpc.InferenceStub(channel)
-        _print_stream(stub.Generate(_generate_request(args), timeout=args.timeout), args.json)
+        _print_stream(
+            stub.Generate(_generate_request(args), timeout=args.timeout, metadata=_metadata(args)),
+            args.json,
+        )
     return 0
 
 
@@ -86,9 +120,9 @@ def _progress_bar(progress: pb.ImageProgress, width: int = 30) -> str:
 
 
 def image(args: argparse.Namespace) -> int:
-    with grpc.insecure_channel(args.target) as channel:
+    with _channel(args) as channel:
         stream = pb_grpc.InferenceStub(channel).GenerateImage(
-            _image_request(args), timeout=args.timeout
+            _image_request(args), timeout=args.timeout, metadata=_metadata(args)
         )
         for response in stream:
             if response.WhichOneof("event") == "progress":
@@ -107,27 +141,31 @@ def image(args: argparse.Namespace) -> int:
 
 def admit(args: argparse.Namespace) -> int:
     capability = pb.CAPABILITY_IMAGE if args.image else pb.CAPABILITY_TEXT
-    with grpc.insecure_channel(args.target) as channel:
+    with _channel(args) as channel:
         reply = pb_grpc.InferenceStub(channel).Admit(
-            pb.AdmitRequest(model=args.model, capability=capability), timeout=args.timeout
+            pb.AdmitRequest(model=args.model, capability=capability),
+            timeout=args.timeout,
+            metadata=_metadata(args),
         )
     print(json_format.MessageToJson(reply))
     return 0 if reply.admitted else 1
 
 
 def models(args: argparse.Namespace) -> int:
-    with grpc.insecure_channel(args.target) as channel:
+    with _channel(args) as channel:
         reply = pb_grpc.InferenceStub(channel).ListModels(
-            pb.ListModelsRequest(), timeout=args.timeout
+            pb.ListModelsRequest(), timeout=args.timeout, metadata=_metadata(args)
         )
     print(json_format.MessageToJson(reply))
     return 0
 
 
 def health_check(args: argparse.Namespace) -> int:
-    with grpc.insecure_channel(args.target) as channel:
+    with _channel(args) as channel:
         reply = health_pb2_grpc.HealthStub(channel).Check(
-            health_pb2.HealthCheckRequest(service=args.service), timeout=args.timeout
+            health_pb2.HealthCheckRequest(service=args.service),
+            timeout=args.timeout,
+            metadata=_metadata(args),
         )
     status = health_pb2.HealthCheckResponse.ServingStatus.Name(reply.status)
     print(status)
@@ -138,6 +176,15 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="inference-client", description=__doc__.splitlines()[0])
     parser.add_argument("--target", default=DEFAULT_TARGET, help="server HOST:PORT")
     parser.add_argument("--timeout", type=float, default=None, help="deadline in seconds")
+    parser.add_argument("--tls-ca", type=Path, help="connect with TLS, trusting this CA (PEM)")
+    parser.add_argument("--tls-cert", type=Path, help="client certificate for mTLS (PEM)")
+    parser.add_argument("--tls-key", type=Path, help="client key for mTLS (PEM)")
+    parser.add_argument(
+        "--token",
+        default=os.environ.get("INFERENCE_TOKEN"),
+        help="bearer token the server asks for (default: $INFERENCE_TOKEN)",
+    )
+    parser.add_argument("--request-id", help="x-request-id to send (the server makes one)")
     commands = parser.add_subparsers(dest="command", required=True)
 
     gen = commands.add_parser("generate", help="stream a completion")
@@ -151,6 +198,11 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument("--seed", type=int)
     gen.add_argument("--stop", action="append", default=[], help="stop sequence; repeatable")
     gen.add_argument("--json", action="store_true", help="print each event as one JSON line")
+    gen.add_argument("--grammar", help="GBNF grammar the output must follow (start rule: root)")
+    gen.add_argument("--json-schema", help="JSON Schema (as text) the output must satisfy")
+    gen.add_argument(
+        "--top-logprobs", type=int, help="report logprobs with N alternatives (see --json)"
+    )
     gen.set_defaults(run=generate)
 
     img = commands.add_parser("image", help="generate an image and save the PNG")

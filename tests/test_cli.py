@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 
 from clients.cli import main
-from tests.conftest import GEMMA, RunningServer
+from tests.certificates import make_pki
+from tests.conftest import GEMMA, RunningServer, make_settings, serving
 
 
 def test_generate_prints_text_then_a_summary(
@@ -69,3 +71,28 @@ def test_admit_prints_the_answer_and_exits_by_it(
     assert answer["quantization"]["method"] == "Q4_K_M"
     assert main(["--target", server.target, "admit", "--image", GEMMA]) == 1
     assert "text model" in json.loads(capsys.readouterr().out)["reason"]
+
+
+def test_tls_and_a_token_from_the_command_line(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    pki = make_pki(tmp_path)
+    settings = make_settings(tls_cert=pki.server.cert, tls_key=pki.server.key, auth_token="t0k")
+    with serving(settings) as (running, _):
+        base = ["--target", running.target, "--tls-ca", str(pki.ca.cert)]
+        assert main([*base, "models"]) == 2  # no token
+        assert "UNAUTHENTICATED" in capsys.readouterr().err
+        assert main([*base, "--token", "t0k", "--request-id", "cli-1", "models"]) == 0
+        assert json.loads(capsys.readouterr().out)["defaultModel"]
+
+
+def test_generate_with_a_grammar_and_logprobs(
+    server: RunningServer, capsys: pytest.CaptureFixture[str]
+) -> None:
+    argv = ["--target", server.target, "generate", "--json", "--temperature", "0"]
+    argv += ["--grammar", 'root ::= "yes" | "no"', "--top-logprobs", "2", "Answer:"]
+    assert main(argv) == 0
+    events = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    deltas = [event["delta"] for event in events if "delta" in event]
+    assert "".join(delta["text"] for delta in deltas) in ("yes", "no")
+    assert all(len(entry["topLogprobs"]) == 2 for d in deltas for entry in d["logprobs"])
