@@ -196,3 +196,20 @@ def test_beyond_the_waiting_bound_requests_are_refused_at_once() -> None:
             ).usage.completion_tokens
             == 2
         )
+
+
+def test_stopping_the_server_mid_stream_ends_the_stream_and_closes_the_model() -> None:
+    running = RunningServer(make_settings(grace_period=0))
+    channel = grpc.insecure_channel(running.target)
+    stub = pb_grpc.InferenceStub(channel)
+    stream = stub.Generate(greedy("Count: 1, 2, 3,", max_tokens=400))
+    next(stream)
+    next(stream)  # decoding
+    model = running.server.pool.loaded()[0]
+    running.stop()
+    with pytest.raises(grpc.RpcError) as caught:
+        list(stream)
+    assert caught.value.code() in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.CANCELLED)
+    assert model.scheduler is not None
+    assert not model.scheduler.step()  # nothing left to step on the closed backend
+    channel.close()

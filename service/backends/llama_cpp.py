@@ -246,6 +246,8 @@ class LlamaCppBackend:
     def step(
         self, sequences: Sequence[ActiveSequence], before_compute: Callable[[], None]
     ) -> list[Sampled | None]:
+        if self._closed.is_set():
+            raise RuntimeError("this llama.cpp model was closed")
         own = [_own(sequence) for sequence in sequences]
         chunks = self._plan_step(own)
         self._batch.fill(list(chunks.values()))
@@ -294,6 +296,8 @@ class LlamaCppBackend:
     def finish(self, sequence: ActiveSequence) -> None:
         own = _own(sequence)
         own.sampler.close()
+        if self._closed.is_set():
+            return  # the cache went with the context
         for victim in self._slots.release(own.slot):
             llama_cpp.llama_memory_seq_rm(self._memory, victim.seq_id, -1, -1)
 

@@ -98,6 +98,21 @@ class DecodeScheduler:
             else:
                 channel.send(event)
 
+    def abort(self, reason: str) -> None:
+        """End every request, running or waiting, with UNAVAILABLE; refuse new ones.
+
+        Called before the backend closes (unloading, shutdown past the grace period).
+        """
+        self._flush()
+        self._failure = reason
+        for request in self._active:
+            self._stepper.finish(_sequence(request))
+            request.channel.close(Unavailable(f"{reason}; retry"))
+        for request in self._waiting:
+            request.channel.close(Unavailable(f"{reason}; retry"))
+        self._active.clear()
+        self._waiting.clear()
+
     def _enqueue(self, request: _Request) -> None:
         if self._failure is not None:
             request.channel.close(Unavailable(self._failure))

@@ -320,7 +320,10 @@ class ModelPool:
         await self._close(model)
 
     async def _close(self, model: LoadedModel) -> None:
+        scheduler = model.scheduler
         try:
+            if scheduler is not None:  # nothing may step a closed backend
+                await model.worker.call(lambda: scheduler.abort(f"model {model.name!r} unloaded"))
             await model.worker.call(model.backend.close)
         finally:
             model.worker.shutdown()
