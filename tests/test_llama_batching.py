@@ -151,3 +151,52 @@ def test_a_grammar_naming_tokens_the_vocabulary_lacks_is_refused(
         backend.start(SequenceRequest(ids, GREEDY, 2, grammar=grammar))
     # The refusal left nothing behind: the model still serves every place.
     assert len(run(backend, ["a", "b", "c"], 2)) == 3
+
+
+@pytest.fixture(scope="module")
+def device_sampling() -> Iterator[LlamaCppBackend]:
+    """Greedy sequences sampled inside the forward pass (--sample-on-device)."""
+    path = EMBEDDED_MODELS[SMOLLM].locate()
+    options = LlamaCppOptions(
+        context_size=512, threads=2, max_sequences=3, cached_sequences=1, sample_on_device=True
+    )
+    loaded = LlamaCppBackend(path, options)
+    yield loaded
+    loaded.close()
+
+
+def test_sampling_inside_the_pass_gives_the_argmax_tokens(
+    backend: LlamaCppBackend, device_sampling: LlamaCppBackend
+) -> None:
+    prompts = ["The sky is", "Water boils at"]
+    assert run(device_sampling, prompts, 8) == run(backend, prompts, 8)
+
+
+def test_a_batch_mixes_sequences_sampled_in_the_pass_and_on_the_host(
+    device_sampling: LlamaCppBackend,
+) -> None:
+    ids = tuple(device_sampling.tokenize("The sky is", add_bos=device_sampling.adds_bos))
+    warm = SamplingParams(
+        temperature=0.8, top_p=0.95, top_k=40, min_p=0.05, repeat_penalty=1.0, seed=3
+    )
+    requests = [
+        SequenceRequest(ids, GREEDY, 6),
+        SequenceRequest(ids, warm, 6),
+        SequenceRequest(ids, GREEDY, 6, top_logprobs=2),  # logprobs need host logits
+    ]
+    own = [device_sampling.start(request) for request in requests]
+    sequences = [sequence for sequence in own if isinstance(sequence, LlamaSequence)]
+    assert [sequence.on_device for sequence in sequences] == [True, False, False]
+    produced: list[list[int]] = [[], [], []]
+    try:
+        while min(len(ids) for ids in produced) < 6:
+            steps = device_sampling.step(sequences, lambda: None)
+            for into, sampled in zip(produced, steps, strict=True):
+                if sampled is not None:
+                    into.append(sampled.token)
+    finally:
+        for sequence in sequences:
+            device_sampling.finish(sequence)
+    assert produced[0] == produced[2]  # greedy, in the pass or on the host
+    # The slots that sampled on the host get their chains back for greedy requests.
+    assert run(device_sampling, ["The sky is"] * 3, 6) == [produced[0]] * 3
