@@ -194,13 +194,6 @@ class Settings(BaseSettings):
         description="Generations of one text model decoded together in each step "
         "(llama.cpp batches them; other backends run one at a time).",
     )
-    sample_on_device: bool = Field(
-        default=False,
-        description="Sample greedy generations inside llama.cpp's forward pass (its "
-        "experimental backend sampling): no logits copied to the host, which lifts GPU "
-        "throughput with many streams; a request that samples on the host (temperature, "
-        "grammar, logprobs) makes its slot re-reserve llama.cpp's graph (15-20 ms).",
-    )
     max_waiting_sequences: int = Field(
         default=64,
         ge=0,

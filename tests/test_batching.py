@@ -213,22 +213,3 @@ def test_stopping_the_server_mid_stream_ends_the_stream_and_closes_the_model() -
     assert model.scheduler is not None
     assert not model.scheduler.step()  # nothing left to step on the closed backend
     channel.close()
-
-
-def test_sampling_inside_the_pass_serves_greedy_and_sampled_requests(
-    batching: tuple[RunningServer, pb_grpc.InferenceStub],
-) -> None:
-    _, host_stub = batching
-    expected = token_ids(collect(host_stub.Generate(greedy(PROMPTS[3]))))
-    with serving(make_settings(sample_on_device=True)) as (_, stub):
-        calls = [
-            lambda: collect(stub.Generate(greedy(PROMPTS[3]))),
-            lambda: collect(
-                stub.Generate(pb.GenerateRequest(prompt=PROMPTS[2], max_tokens=12, seed=1))
-            ),
-        ]
-        on_device, sampled = all_at_once(calls)
-        again = collect(stub.Generate(greedy(PROMPTS[3])))  # a slot got its chain back
-    assert token_ids(on_device)[:4] == expected[:4]
-    assert finished_of(sampled).usage.completion_tokens == 12
-    assert token_ids(again)[:4] == expected[:4]

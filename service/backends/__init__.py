@@ -29,7 +29,6 @@ def load_backend(spec: ModelSpec, source: ModelSource, backend: str) -> TextBack
             flash_attention=spec.flash_attention,
             max_sequences=spec.parallel_sequences,
             cached_sequences=spec.cached_sequences,
-            sample_on_device=spec.sample_on_device,
         )
         return LlamaCppBackend(source.path, options)
     if backend == MLX_LM:

@@ -29,7 +29,6 @@ from llama_cpp._internals import LlamaContext, LlamaModel
 from service.backends.base import ActiveSequence, Sampled, SequenceRequest
 from service.backends.kv_slots import Placement, Slot, SlotTable
 from service.backends.llama_batch import Batch, Chunk
-from service.backends.llama_device_sampling import DeviceGreedy
 from service.backends.llama_sampling import SamplerChain
 from service.backends.logprobs import token_logprob
 from service.config import FlashAttention
@@ -108,8 +107,6 @@ class LlamaCppOptions:
     # While other sequences decode, the most prompt tokens a step evaluates, so
     # that a long newcomer prompt does not stall their streams.
     prefill_chunk: int = 128
-    # Greedy sequences sampled inside the forward pass (see llama_device_sampling).
-    sample_on_device: bool = False
 
 
 def _load_model(path: Path, options: LlamaCppOptions) -> LlamaModel:
@@ -148,8 +145,6 @@ class LlamaSequence:
     pending: list[int]
     top_logprobs: int | None = None
     decoding: bool = False
-    # llama.cpp samples this sequence inside the forward pass.
-    on_device: bool = False
 
 
 class LlamaCppBackend:
@@ -172,11 +167,6 @@ class LlamaCppBackend:
             keep_idle=options.cached_sequences,
         )
         self._batch = Batch(options.batch_size)
-        self._device = (
-            DeviceGreedy(self._context.ctx, llama_cpp.llama_n_seq_max(self._context.ctx))
-            if options.sample_on_device
-            else None
-        )
         self._piece_buffer = ctypes.create_string_buffer(256)
         self._closed = threading.Event()
         self._fault_after: int | None = None
@@ -245,17 +235,12 @@ class LlamaCppBackend:
         sampler = SamplerChain(request.sampling, prompt, self._vocab, request.grammar)
         placement = self._arrange_cache(placement)
         self._slots.occupy(placement, len(prompt), request.max_tokens)
-        # Logprobs need the logits on the host.
-        greedy = sampler.plain_greedy and request.top_logprobs is None
-        seq_id = placement.slot.seq_id
-        on_device = self._device is not None and self._device.prepare(seq_id, greedy)
         return LlamaSequence(
             slot=placement.slot,
             sampler=sampler,
             cached_prompt_tokens=placement.reuse,
             pending=list(prompt[placement.reuse :]),
             top_logprobs=request.top_logprobs,
-            on_device=on_device,
         )
 
     def step(
@@ -274,20 +259,10 @@ class LlamaCppBackend:
             del sequence.pending[: len(chunk.tokens)]
             if output >= 0:
                 ready.append((sequence, output))
-        chosen = self._tokens_chosen_in_bulk(ready)
-        sampled = {seq: self._sample(seq, output, chosen.get(seq)) for seq, output in ready}
+        greedy = self._greedy_tokens(ready)
+        sampled = {seq: self._sample(seq, output, greedy.get(seq)) for seq, output in ready}
         self._count_down_fault(len(sampled))
         return [sampled.get(sequence) for sequence in own]
-
-    def _tokens_chosen_in_bulk(
-        self, ready: list[tuple[LlamaSequence, int]]
-    ) -> dict[LlamaSequence, int]:
-        """Tokens sampled inside the pass, else greedy argmaxes in one numpy call."""
-        device = self._device
-        if device is None or not any(sequence.on_device for sequence, _ in ready):
-            return self._greedy_tokens(ready)
-        # The others sample one by one from their own rows of logits.
-        return {seq: device.token(output) for seq, output in ready if seq.on_device}
 
     def _greedy_tokens(self, ready: list[tuple[LlamaSequence, int]]) -> dict[LlamaSequence, int]:
         """The argmax of every plain-greedy sequence's logits, in one numpy call.
@@ -331,8 +306,6 @@ class LlamaCppBackend:
             self._closed.set()
             self._batch.close()
             self._context.close()
-            if self._device is not None:
-                self._device.close()
             self._model.close()
 
     def inject_fault(self, after_tokens: int) -> None:

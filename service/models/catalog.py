@@ -27,7 +27,6 @@ class ModelSpec:
     # Generations of this model decoded together, and finished ones kept cached.
     parallel_sequences: int = 8
     cached_sequences: int = 4
-    sample_on_device: bool = False
     main_gpu: int = 0
     flash_attention: FlashAttention = "auto"
     chat_template: str | None = None
@@ -70,7 +69,6 @@ class Catalog:
             gpu_layers=self._settings.gpu_layers,
             parallel_sequences=self._settings.parallel_sequences,
             cached_sequences=self._settings.cached_sequences,
-            sample_on_device=self._settings.sample_on_device,
             main_gpu=self._settings.main_gpu,
             flash_attention=self._settings.flash_attention,
             configured=False,
@@ -87,7 +85,6 @@ class Catalog:
             gpu_layers=self._settings.gpu_layers,
             parallel_sequences=self._settings.parallel_sequences,
             cached_sequences=self._settings.cached_sequences,
-            sample_on_device=self._settings.sample_on_device,
             main_gpu=self._settings.main_gpu,
             flash_attention=self._settings.flash_attention,
         )
@@ -108,7 +105,6 @@ class Catalog:
             source=config.source,
             parallel_sequences=self._settings.parallel_sequences,
             cached_sequences=self._settings.cached_sequences,
-            sample_on_device=self._settings.sample_on_device,
             backend=config.backend,
             base_model=config.base_model,
         )
