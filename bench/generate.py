@@ -290,6 +290,8 @@ def main() -> None:
         "--gpu-layers", str(args.gpu_layers),
         "--context-size", str(max(args.context_size, streams_context)),
         "--parallel-sequences", str(max(args.streams)),
+        # The server-wide gate (default 32) would otherwise queue the streams beyond it.
+        "--max-concurrent", str(max(max(args.streams), 32)),
     ]  # fmt: skip
     if args.model_path:
         args.model = "bench"
