@@ -88,6 +88,11 @@ class Figures:
     memory_mib: dict[str, float] = field(default_factory=dict)
 
 
+def ratio(numerator: float, denominator: float) -> float:
+    """numerator / denominator; NaN when there is nothing to divide by (a run ended at once)."""
+    return numerator / denominator if denominator else float("nan")
+
+
 def median(values: Sequence[float]) -> float:
     return float(statistics.median(values))
 
@@ -198,11 +203,11 @@ def report(figures: Figures, bandwidth_gbs: float | None, model_bytes: int) -> N
 def report_single(single: dict[str, float]) -> None:
     raw_tps, served_tps = single["raw_decode_tps"], single["service_decode_tps"]
     raw_ttft, served_ttft = single["raw_ttft_ms"], single["service_ttft_ms"]
-    ratio, overhead = served_tps / raw_tps, served_ttft - raw_ttft
+    speedup, overhead = ratio(served_tps, raw_tps), served_ttft - raw_ttft
     print(f"\n{'single stream':28}{'raw':>10}{'service':>10}   result")
     print(
-        f"{'decode tokens/s':28}{raw_tps:10.1f}{served_tps:10.1f}   {ratio:.2f}x raw "
-        + verdict(ratio >= TARGET_SINGLE_RATIO, f">= {TARGET_SINGLE_RATIO}")
+        f"{'decode tokens/s':28}{raw_tps:10.1f}{served_tps:10.1f}   {speedup:.2f}x raw "
+        + verdict(speedup >= TARGET_SINGLE_RATIO, f">= {TARGET_SINGLE_RATIO}")
     )
     print(
         f"{'time to first token (ms)':28}{raw_ttft:10.1f}{served_ttft:10.1f}   {overhead:+.1f} ms "
@@ -217,9 +222,11 @@ def report_streams(figures: Figures, bandwidth_gbs: float | None, model_bytes: i
     print(header + ("   bandwidth used" if bandwidth_gbs else ""))
     for row in figures.streams:
         streams = int(row["streams"])
-        scale = row["service_tps"] / one if one else float("nan")
+        scale = ratio(row["service_tps"], one or 0.0)
         served, batched = row["service_tps"], row["raw_batched_tps"]
-        line = f"{streams:14d}{served:14.1f}{scale:14.2f}{batched:14.1f}{served / batched:14.2f}"
+        line = (
+            f"{streams:14d}{served:14.1f}{scale:14.2f}{batched:14.1f}{ratio(served, batched):14.2f}"
+        )
         if bandwidth_gbs:
             steps = served / streams  # each step reads the weights once
             line += f"   {steps * model_bytes / (bandwidth_gbs * 1e9):.1%}"
@@ -235,11 +242,11 @@ def report_second_turn(turn: dict[str, float]) -> None:
         f"\nsecond turn: {turn['prompt_tokens']:.0f}-token prompt, "
         f"{turn['cached_prompt_tokens']:.0f} of them cached"
     )
-    print(f"  TTFT {warm:.1f} ms; cold {cold:.1f} ms ({cold / warm:.1f}x slower)")
+    print(f"  TTFT {warm:.1f} ms; cold {cold:.1f} ms ({ratio(cold, warm):.1f}x slower)")
     print(
         f"  raw llama.cpp evaluating only the suffix: {suffix:.1f} ms; second turn "
-        f"{warm / suffix:.2f}x that "
-        + verdict(warm / suffix <= TARGET_SECOND_TURN, f"<= {TARGET_SECOND_TURN}x")
+        f"{ratio(warm, suffix):.2f}x that "
+        + verdict(ratio(warm, suffix) <= TARGET_SECOND_TURN, f"<= {TARGET_SECOND_TURN}x")
     )
 
 

@@ -37,17 +37,21 @@ def service_run(stub: pb_grpc.InferenceStub, model: str, prompt: str, max_tokens
     start = time.perf_counter()
     first = last = start
     count = cached = 0
+    server_ttft_ms = 0.0
     for event in stub.Generate(request):
         kind = event.WhichOneof("event")
         if kind == "finished":
             cached = event.finished.usage.cached_prompt_tokens
+            server_ttft_ms = event.finished.timing.ttft_ms
         if kind != "delta":
             continue
         last = time.perf_counter()
         if count == 0:
             first = last
         count += len(event.delta.token_ids)
-    return Run((first - start) * 1000, rate(count, first, last), count, cached)
+    # A generation that ends at its first token sends no text: take the server's TTFT.
+    ttft_ms = (first - start) * 1000 if count else server_ttft_ms
+    return Run(ttft_ms, rate(count, first, last), count, cached)
 
 
 def rss_mib(pid: int) -> float:
