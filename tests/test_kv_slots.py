@@ -108,13 +108,40 @@ def test_a_busy_slot_is_never_chosen_or_evicted() -> None:
 
 
 def test_only_the_most_recent_finished_sequences_stay_cached() -> None:
-    table = SlotTable(slots=4, capacity=100, keep_idle=2)
+    table = SlotTable(slots=4, capacity=100, keep_idle=2, keep_live=2)
     ids = [started(table, [n, n, n]) for n in (1, 2, 3)]
     for seq_id in ids:
         table.slots[seq_id].tokens = [seq_id] * 3
-    assert table.release(table.slots[ids[0]]) == []
-    assert table.release(table.slots[ids[1]]) == []
-    evicted = table.release(table.slots[ids[2]])
-    assert [slot.seq_id for slot in evicted] == [ids[0]]
-    assert table.slots[ids[0]].tokens == []
-    assert table.slots[ids[2]].tokens == [ids[2]] * 3
+    assert table.release(table.slots[ids[0]]).drop == ()
+    assert table.release(table.slots[ids[1]]).drop == ()
+    retention = table.release(table.slots[ids[2]])
+    assert [slot.seq_id for slot in retention.drop] == [ids[0]]
+    assert retention.park == ()
+
+
+def test_older_finished_sequences_are_parked_and_cost_no_cells() -> None:
+    table = SlotTable(slots=4, capacity=30, keep_idle=3, keep_live=1)
+    first = started(table, [1] * 10)
+    table.slots[first].tokens = [1] * 12
+    assert table.release(table.slots[first]).park == ()  # the most recent stays live
+    second = started(table, [2] * 10)
+    table.slots[second].tokens = [2] * 12
+    retention = table.release(table.slots[second])
+    assert [slot.seq_id for slot in retention.park] == [first]
+    table.slots[first].parked = True  # as the backend does once it copied the cells out
+    # 12 live cells + 18 new fit in 30 only because the parked 12 cost nothing.
+    fits = table.place([3] * 10, max_tokens=8)
+    assert fits is not None
+    assert fits.evict == ()
+
+
+def test_a_prompt_extending_a_parked_conversation_reuses_it() -> None:
+    table = SlotTable(slots=3, capacity=100, keep_idle=2, keep_live=0)
+    conversation = started(table, [1, 2, 3])
+    table.slots[conversation].tokens = [1, 2, 3, 4]
+    assert [s.seq_id for s in table.release(table.slots[conversation]).park] == [conversation]
+    table.slots[conversation].parked = True
+    placement = table.place([1, 2, 3, 4, 5, 6], max_tokens=4)
+    assert placement is not None
+    assert placement.slot.seq_id == conversation
+    assert placement.reuse == 4

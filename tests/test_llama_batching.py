@@ -151,3 +151,36 @@ def test_a_grammar_naming_tokens_the_vocabulary_lacks_is_refused(
         backend.start(SequenceRequest(ids, GREEDY, 2, grammar=grammar))
     # The refusal left nothing behind: the model still serves every place.
     assert len(run(backend, ["a", "b", "c"], 2)) == 3
+
+
+def generate_ids(
+    backend: LlamaCppBackend, prompt: tuple[int, ...], tokens: int
+) -> tuple[list[int], int]:
+    """Greedy tokens after `prompt`, alone, and how many prompt tokens came from the cache."""
+    sequence = backend.start(SequenceRequest(prompt, GREEDY, tokens))
+    assert isinstance(sequence, LlamaSequence)
+    produced: list[int] = []
+    while len(produced) < tokens:
+        sampled = backend.step([sequence], lambda: None)[0]
+        if sampled is not None:
+            produced.append(sampled.token)
+    backend.finish(sequence)
+    return produced, sequence.cached_prompt_tokens
+
+
+def test_a_parked_conversation_continues_from_host_memory(backend: LlamaCppBackend) -> None:
+    path = EMBEDDED_MODELS[SMOLLM].locate()
+    options = LlamaCppOptions(context_size=512, threads=2, max_sequences=1, cached_sequences=3)
+    parking = LlamaCppBackend(path, options)
+    try:
+        first = tuple(parking.tokenize("The three primary colours are", add_bos=parking.adds_bos))
+        answer, _ = generate_ids(parking, first, 6)
+        generate_ids(parking, tuple(parking.tokenize("Unrelated: dogs", add_bos=False)), 4)
+        assert parking._slots.slots[0].parked or any(s.parked for s in parking._slots.slots)
+        follow_up = (*first, *answer, *parking.tokenize(" and", add_bos=False))
+        continued, cached = generate_ids(parking, follow_up, 6)
+    finally:
+        parking.close()
+    assert cached == len(first) + len(answer) - 1  # all but the last token it evaluated
+    cold, _ = generate_ids(backend, follow_up, 6)
+    assert continued[:3] == cold[:3]

@@ -6,7 +6,9 @@ request finishes, so the next request whose prompt extends them evaluates
 only the new suffix (a multi-turn chat resends the whole conversation).
 
 The table is pure bookkeeping; the backend carries out its placements on the
-real cache. Room is counted conservatively: every slot's tokens, plus the
+real cache. Finished sequences beyond the most recent one are parked: their cells are
+copied to host memory and freed, and copied back when a prompt extends them.
+Room is counted conservatively: every slot's tokens, plus the
 tokens each running sequence may still add (its prompt and max_tokens), must
 fit the cache. Tokens shared between slots are counted once per slot, so the
 table may make a request wait that would have fitted, never the reverse.
@@ -31,6 +33,8 @@ class Slot:
     # While a request runs here: the most tokens it may hold when done.
     reserved: int | None = None
     last_used: int = 0
+    # An idle slot whose cells were copied out to host memory and freed.
+    parked: bool = False
 
     @property
     def busy(self) -> bool:
@@ -39,7 +43,7 @@ class Slot:
     @property
     def charged(self) -> int:
         """Cache cells this slot is counted for."""
-        return max(self.reserved or 0, len(self.tokens))
+        return max(self.reserved or 0, 0 if self.parked else len(self.tokens))
 
 
 @dataclass(frozen=True)
@@ -57,12 +61,24 @@ class Placement:
     reuse: int
 
 
+@dataclass(frozen=True)
+class Retention:
+    """What to do with finished sequences when one more finishes."""
+
+    park: tuple[Slot, ...]  # copy their cells to host memory and free them
+    drop: tuple[Slot, ...]  # forget them
+
+
 class SlotTable:
-    def __init__(self, slots: int, capacity: int, keep_idle: int | None = None) -> None:
+    def __init__(
+        self, slots: int, capacity: int, keep_idle: int | None = None, keep_live: int = 1
+    ) -> None:
         self.slots = [Slot(seq_id) for seq_id in range(slots)]
         self.capacity = capacity
         # Finished sequences kept cached; None: as many as there are slots.
         self.keep_idle = slots if keep_idle is None else keep_idle
+        # Of those, the most recent ones left in the cache itself; the rest are parked.
+        self.keep_live = keep_live
 
     def place(self, prompt: Sequence[int], max_tokens: int) -> Placement | None:
         """Where a new sequence goes, or None when the cache has no room now.
@@ -91,17 +107,19 @@ class SlotTable:
         for slot in placement.evict:
             slot.tokens.clear()
         slot = placement.slot
+        slot.parked = False
         source = placement.copy_from.tokens if placement.copy_from else slot.tokens
         slot.tokens = list(source[: placement.reuse])
         slot.reserved = prompt_length + max_tokens
         slot.last_used = next(_clock)
 
-    def release(self, slot: Slot) -> list[Slot]:
-        """Mark a slot idle; the idle slots to empty now, beyond the ones kept.
+    def release(self, slot: Slot) -> Retention:
+        """Mark a slot idle; which finished sequences to park and which to drop now.
 
-        Every cached token costs attention time in every step (llama.cpp's
-        unified cache attends over all used cells, masked), so only the
-        `keep_idle` most recently used finished sequences stay.
+        Every cell in llama.cpp's unified cache costs attention time in every
+        step (it attends over all used cells, masked), so only the `keep_live`
+        most recent finished sequences stay in it; up to `keep_idle` in all are
+        kept, the older ones parked in host memory, and the rest forgotten.
         """
         slot.reserved = None
         slot.last_used = next(_clock)
@@ -110,10 +128,9 @@ class SlotTable:
             key=lambda s: s.last_used,
             reverse=True,
         )
-        evicted = cached[self.keep_idle :]
-        for victim in evicted:
-            victim.tokens.clear()
-        return evicted
+        kept = cached[: self.keep_idle]
+        park = tuple(s for s in kept[self.keep_live :] if not s.parked)
+        return Retention(park=park, drop=tuple(cached[self.keep_idle :]))
 
     def _longest_prefix(self, prompt: Sequence[int]) -> tuple[Slot | None, int]:
         best: Slot | None = None
@@ -150,7 +167,11 @@ class SlotTable:
         used = sum(slot.charged for slot in others) + need
         evict: list[Slot] = []
         candidates = sorted(
-            (slot for slot in others if not slot.busy and slot.tokens and slot is not spare),
+            (
+                slot
+                for slot in others
+                if not slot.busy and slot.tokens and not slot.parked and slot is not spare
+            ),
             key=lambda slot: slot.last_used,
         )
         for slot in candidates:

@@ -167,6 +167,8 @@ class LlamaCppBackend:
             keep_idle=options.cached_sequences,
         )
         self._batch = Batch(options.batch_size)
+        # Cells of parked finished sequences, by sequence id (see kv_slots).
+        self._parked: dict[int, ctypes.Array[ctypes.c_uint8]] = {}
         self._piece_buffer = ctypes.create_string_buffer(256)
         self._closed = threading.Event()
         self._fault_after: int | None = None
@@ -298,8 +300,11 @@ class LlamaCppBackend:
         own.sampler.close()
         if self._closed.is_set():
             return  # the cache went with the context
-        for victim in self._slots.release(own.slot):
-            llama_cpp.llama_memory_seq_rm(self._memory, victim.seq_id, -1, -1)
+        retention = self._slots.release(own.slot)
+        for slot in retention.drop:
+            self._forget(slot)
+        for slot in retention.park:
+            self._park(slot)
 
     def close(self) -> None:
         if not self._closed.is_set():
@@ -347,17 +352,60 @@ class LlamaCppBackend:
 
     def _arrange_cache(self, placement: Placement) -> Placement:
         """Carry out a placement on the KV cache; the placement as it turned out."""
-        memory, slot = self._memory, placement.slot
+        slot = placement.slot
         for victim in placement.evict:
-            llama_cpp.llama_memory_seq_rm(memory, victim.seq_id, -1, -1)
-        if not llama_cpp.llama_memory_seq_rm(memory, slot.seq_id, placement.keep, -1):
+            self._forget(victim)
+        if slot.parked and not (placement.keep and self._unpark(slot, slot)):
+            self._forget(slot)
+            placement = replace(placement, keep=0)
+        if not llama_cpp.llama_memory_seq_rm(self._memory, slot.seq_id, placement.keep, -1):
             # This cache cannot drop a partial sequence (a recurrent state): start over.
-            llama_cpp.llama_memory_seq_rm(memory, slot.seq_id, -1, -1)
+            llama_cpp.llama_memory_seq_rm(self._memory, slot.seq_id, -1, -1)
             return replace(placement, keep=0, copy_from=None, reuse=0)
-        if placement.copy_from is not None:
-            source = placement.copy_from.seq_id
-            llama_cpp.llama_memory_seq_cp(memory, source, slot.seq_id, 0, placement.reuse)
+        source = placement.copy_from
+        if source is not None and not self._copy_prefix(source, slot, placement.reuse):
+            return replace(placement, copy_from=None, reuse=0)
         return placement
+
+    def _copy_prefix(self, source: Slot, target: Slot, length: int) -> bool:
+        """Give the (empty) target the first `length` cached tokens of the source."""
+        if not source.parked:  # shared cells in a unified cache, not a copy
+            llama_cpp.llama_memory_seq_cp(self._memory, source.seq_id, target.seq_id, 0, length)
+            return True
+        if not self._unpark(source, target):
+            return False
+        llama_cpp.llama_memory_seq_rm(self._memory, target.seq_id, length, -1)
+        return True
+
+    def _park(self, slot: Slot) -> None:
+        """Copy a finished sequence's cells to host memory and free them."""
+        context, seq_id = self._context.ctx, slot.seq_id
+        size = llama_cpp.llama_state_seq_get_size(context, seq_id)
+        state = (ctypes.c_uint8 * size)()
+        if llama_cpp.llama_state_seq_get_data(context, state, size, seq_id) != size:
+            self._forget(slot)
+            return
+        self._parked[seq_id] = state
+        llama_cpp.llama_memory_seq_rm(self._memory, seq_id, -1, -1)
+        slot.parked = True
+
+    def _unpark(self, source: Slot, target: Slot) -> bool:
+        """Copy a parked sequence's cells back, under the target's sequence id."""
+        state = self._parked[source.seq_id]
+        context = self._context.ctx
+        restored = llama_cpp.llama_state_seq_set_data(context, state, len(state), target.seq_id)
+        if source is target:
+            del self._parked[source.seq_id]
+            source.parked = False
+        return bool(restored)
+
+    def _forget(self, slot: Slot) -> None:
+        if slot.parked:
+            self._parked.pop(slot.seq_id, None)
+        else:
+            llama_cpp.llama_memory_seq_rm(self._memory, slot.seq_id, -1, -1)
+        slot.tokens.clear()
+        slot.parked = False
 
     def _token_text(self, token_id: int) -> str:
         if token_id < 0:
