@@ -204,8 +204,9 @@ class Settings(BaseSettings):
         default=4,
         ge=0,
         le=128,
-        description="Finished conversations whose KV cache a llama.cpp model keeps, so "
-        "that the next turn evaluates only its new tokens.",
+        description="Finished conversations whose KV cache a llama.cpp model keeps (the "
+        "most recent in the cache, older ones parked in host memory), so that the next "
+        "turn evaluates only its new tokens.",
     )
     max_top_logprobs: int = Field(
         default=20,
