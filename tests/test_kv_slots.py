@@ -145,3 +145,22 @@ def test_a_prompt_extending_a_parked_conversation_reuses_it() -> None:
     assert placement is not None
     assert placement.slot.seq_id == conversation
     assert placement.reuse == 4
+
+
+def test_parked_conversations_hold_no_more_tokens_than_the_cache() -> None:
+    table = SlotTable(slots=5, capacity=30, keep_idle=4, keep_live=1)
+    ids = []
+    for n in (1, 2, 3):
+        seq_id = started(table, [n] * 5)
+        table.slots[seq_id].tokens = [n] * 16
+        retention = table.release(table.slots[seq_id])
+        for slot in retention.park:  # as the backend does
+            slot.parked = True
+        for slot in retention.drop:
+            slot.tokens.clear()
+            slot.parked = False
+        ids.append(seq_id)
+    oldest, middle, newest = (table.slots[i] for i in ids)
+    # The newest stays live and the next parks (16 tokens); the oldest would make 32 > 30.
+    assert (newest.parked, middle.parked) == (False, True)
+    assert oldest.tokens == []

@@ -119,7 +119,8 @@ class SlotTable:
         Every cell in llama.cpp's unified cache costs attention time in every
         step (it attends over all used cells, masked), so only the `keep_live`
         most recent finished sequences stay in it; up to `keep_idle` in all are
-        kept, the older ones parked in host memory, and the rest forgotten.
+        kept, the older ones parked in host memory (no more tokens than the cache
+        holds, so at most one more cache's worth of memory), and the rest forgotten.
         """
         slot.reserved = None
         slot.last_used = next(_clock)
@@ -128,9 +129,17 @@ class SlotTable:
             key=lambda s: s.last_used,
             reverse=True,
         )
-        kept = cached[: self.keep_idle]
-        park = tuple(s for s in kept[self.keep_live :] if not s.parked)
-        return Retention(park=park, drop=tuple(cached[self.keep_idle :]))
+        kept, drop = cached[: self.keep_idle], cached[self.keep_idle :]
+        park: list[Slot] = []
+        parked_tokens = 0
+        for older in kept[self.keep_live :]:  # most recent first
+            parked_tokens += len(older.tokens)
+            # Parked cells take host memory: at most one cache's worth.
+            if parked_tokens > self.capacity:
+                drop.append(older)
+            elif not older.parked:
+                park.append(older)
+        return Retention(park=tuple(park), drop=tuple(drop))
 
     def _longest_prefix(self, prompt: Sequence[int]) -> tuple[Slot | None, int]:
         best: Slot | None = None
