@@ -6,12 +6,14 @@ request finishes, so the next request whose prompt extends them evaluates
 only the new suffix (a multi-turn chat resends the whole conversation).
 
 The table is pure bookkeeping; the backend carries out its placements on the
-real cache. Finished sequences beyond the most recent one are parked: their cells are
-copied to host memory and freed, and copied back when a prompt extends them.
-Room is counted conservatively: every slot's tokens, plus the
-tokens each running sequence may still add (its prompt and max_tokens), must
-fit the cache. Tokens shared between slots are counted once per slot, so the
-table may make a request wait that would have fitted, never the reverse.
+real cache. Finished sequences beyond the most recent one are parked: their
+cells are copied to host memory and freed, and copied back when a prompt
+extends them.
+
+Room is counted conservatively: every live slot's tokens, plus the tokens each
+running sequence may still add (its prompt and max_tokens), must fit the
+cache. Tokens shared between slots are counted once per slot, so the table may
+make a request wait that would have fitted, never the reverse.
 """
 
 from __future__ import annotations
