@@ -17,7 +17,7 @@ from service.limits import RequestLimits
 from service.metrics import Metrics
 from service.models.catalog import ModelSpec
 from service.models.memory import MemoryNeed
-from service.models.pool import LoadedModel, ModelPool
+from service.models.pool import LoadedModel, ModelPool, memory_need
 from service.overload import ConcurrencyGate
 from service.rpc import Summary, stream_rpc, unary_rpc
 from service.text_generation import TextGenerator
@@ -85,7 +85,7 @@ class InferenceServicer(pb_grpc.InferenceServicer):
         else:
             spec = self._pool.catalog.resolve(request.model)
             decision = await self._pool.admission(spec, capability)
-            need = decision.memory(spec.context_size, spec.gpu_layers)
+            need = memory_need(decision, spec)
             report = self._report(decision, need, spec.name)
         summary.update(model=request.model, admitted=report.admitted, backend=decision.backend)
         return report.to_pb()

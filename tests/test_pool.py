@@ -34,7 +34,9 @@ SMALL_CONTEXT = 256
 
 def need(model: str, context: int) -> int:
     source = ModelSource("gguf", EMBEDDED_MODELS[model].locate())
-    return decide(source, Capability.TEXT, offline=True).memory(context).total_bytes
+    memory = decide(source, Capability.TEXT, offline=True).memory(context)
+    # Weights, KV cache, and as much again for parked conversations (--cached-sequences > 1).
+    return memory.total_bytes + memory.kv_cache_bytes
 
 
 @pytest.fixture(scope="module")
@@ -51,7 +53,9 @@ def pool_settings(needs: dict[str, int], **overrides: Any) -> Settings:
     gemma_path = str(EMBEDDED_MODELS[GEMMA].locate())
     settings: dict[str, Any] = {
         "context_size": CONTEXT,
-        "memory_budget": needs[SMOLLM] + needs[GEMMA] + needs[SMALL] // 2,
+        # Both embedded models fit; a third does not, and evicting SmolLM alone
+        # (smaller than gemma-small) would not make room for gemma-small either.
+        "memory_budget": needs[SMOLLM] + needs[GEMMA] + (needs[SMALL] - needs[SMOLLM]) // 2,
         "models": {SMALL: ModelConfig(source=gemma_path, context_size=SMALL_CONTEXT)},
         "load_wait": 0.5,
     }

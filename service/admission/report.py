@@ -36,6 +36,7 @@ class AdmissionReport:
         memory = pb.MemoryEstimate(
             weights_bytes=self.need.weights_bytes,
             kv_cache_bytes=self.need.kv_cache_bytes,
+            parked_bytes=self.need.parked_bytes,
             total_bytes=self.need.total_bytes,
             budget_bytes=budget,
             free_bytes=max(budget - self.used_bytes, 0),

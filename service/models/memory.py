@@ -44,10 +44,12 @@ class MemoryNeed:
     weights_bytes: int = 0
     kv_cache_bytes: int = 0
     device_bytes: int = 0
+    # Host memory for finished conversations parked out of the KV cache.
+    parked_bytes: int = 0
 
     @property
     def total_bytes(self) -> int:
-        return self.weights_bytes + self.kv_cache_bytes
+        return self.weights_bytes + self.kv_cache_bytes + self.parked_bytes
 
     @property
     def host_bytes(self) -> int:

@@ -17,6 +17,7 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import time
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
@@ -26,6 +27,7 @@ from typing import cast
 import structlog
 
 from service.admission import Capability, Decision
+from service.admission.gates import LLAMA_CPP
 from service.backends.base import TextBackend
 from service.decode.scheduler import DecodeScheduler
 from service.errors import (
@@ -37,7 +39,7 @@ from service.errors import (
 )
 from service.images.backend import ImageBackend
 from service.models.catalog import Catalog, ModelSpec
-from service.models.memory import format_bytes
+from service.models.memory import MemoryNeed, format_bytes
 from service.models.sources import ModelSource
 from service.models.worker import ModelWorker
 
@@ -118,6 +120,16 @@ class PoolStats:
     loads: dict[str, int] = field(default_factory=dict)
     load_seconds: dict[str, float] = field(default_factory=dict)  # summed over loads
     evictions: list[str] = field(default_factory=list)
+
+
+def memory_need(decision: Decision, spec: ModelSpec) -> MemoryNeed:
+    """What loading `spec` takes: weights and KV cache and, for llama.cpp keeping more
+    than one finished conversation, up to one more KV cache's worth of host memory for
+    the parked ones (see kv_slots)."""
+    need = decision.memory(spec.context_size, spec.gpu_layers)
+    if decision.backend == LLAMA_CPP and spec.cached_sequences > 1:
+        return dataclasses.replace(need, parked_bytes=need.kv_cache_bytes)
+    return need
 
 
 class ModelPool:
@@ -245,7 +257,7 @@ class ModelPool:
         decision = await asyncio.to_thread(self._admit, source, capability)
         if not decision.admitted:
             raise NotSupported(f"model {spec.name!r} cannot be served: {decision.reason}")
-        need = decision.memory(spec.context_size, spec.gpu_layers)
+        need = memory_need(decision, spec)
         await self._make_room(spec.name, need.host_bytes, need.device_bytes)
         worker = ModelWorker(spec.name)
         started = time.monotonic()

@@ -715,7 +715,7 @@ export declare type MemoryEstimate = Message<"inference.v1.MemoryEstimate"> & {
   kvCacheBytes: bigint;
 
   /**
-   * Weights and KV cache: host_bytes + device_bytes.
+   * Weights, KV cache and parked conversations: host_bytes + device_bytes.
    *
    * @generated from field: uint64 total_bytes = 3;
    */
@@ -772,6 +772,14 @@ export declare type MemoryEstimate = Message<"inference.v1.MemoryEstimate"> & {
    * @generated from field: optional uint64 device_free_bytes = 53;
    */
   deviceFreeBytes?: bigint | undefined;
+
+  /**
+   * Host memory for finished conversations parked out of the KV cache, so that
+   * their next turn reuses them (llama.cpp; at most one more KV cache's worth).
+   *
+   * @generated from field: uint64 parked_bytes = 54;
+   */
+  parkedBytes: bigint;
 };
 
 /**
