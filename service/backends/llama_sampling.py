@@ -14,7 +14,6 @@ from collections.abc import Sequence
 from typing import cast
 
 import llama_cpp
-import numpy as np
 
 from service.errors import InvalidRequest
 from service.generation import SamplingParams
@@ -37,11 +36,11 @@ class SamplerChain:
         grammar: str | None = None,
     ) -> None:
         constraint = None if grammar is None else _grammar(vocab, grammar)
-        plain_greedy = params.temperature == 0 and params.repeat_penalty == 1.0 and not grammar
-        # Plain greedy decoding is an argmax; llama.cpp's chain would first copy the
+        # Plain greedy decoding is an argmax, which the backend takes for every such
+        # sequence of a step in one numpy call; llama.cpp's chain would first copy the
         # whole vocabulary into a candidate array (a third of a millisecond per token
         # for Gemma's 262k entries).
-        self._argmax_over = llama_cpp.llama_vocab_n_tokens(vocab) if plain_greedy else None
+        self.plain_greedy = params.temperature == 0 and params.repeat_penalty == 1.0 and not grammar
         self._chain = llama_cpp.llama_sampler_chain_init(
             llama_cpp.llama_sampler_chain_default_params()
         )
@@ -59,16 +58,8 @@ class SamplerChain:
         self._add(llama_cpp.llama_sampler_init_temp(params.temperature))
         self._add(llama_cpp.llama_sampler_init_dist(params.seed))
 
-    @property
-    def plain_greedy(self) -> bool:
-        """Whether sampling is an argmax of the logits (and may be done in bulk)."""
-        return self._argmax_over is not None
-
     def sample(self, context: llama_cpp.llama_context_p, output_index: int) -> int:
         """Sample from the logits of batch output `output_index`, and remember the choice."""
-        if self._argmax_over is not None:
-            logits = llama_cpp.llama_get_logits_ith(context, output_index)
-            return int(np.argmax(np.ctypeslib.as_array(logits, shape=(self._argmax_over,))))
         return int(llama_cpp.llama_sampler_sample(self._chain, context, output_index))
 
     def close(self) -> None:

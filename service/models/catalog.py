@@ -7,7 +7,7 @@ reference resolved under the operator's rules (see `sources`).
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from service.config import FlashAttention, ModelConfig, Settings
 from service.models.embedded import EMBEDDED_MODELS, EmbeddedModel
@@ -36,11 +36,28 @@ class ModelSpec:
     base_model: str = "dev"
 
 
+def _nowhere() -> ModelSource:
+    raise AssertionError("the defaults template names no model")
+
+
 class Catalog:
     def __init__(self, settings: Settings, resolver: SourceResolver) -> None:
         self.default_model = settings.default_model
         self._settings = settings
         self._resolver = resolver
+        # What the server's settings give every model; each spec replaces the rest.
+        self._defaults = ModelSpec(
+            name="",
+            label="",
+            locate=_nowhere,
+            context_size=settings.context_size,
+            threads=settings.threads,
+            gpu_layers=settings.gpu_layers,
+            parallel_sequences=settings.parallel_sequences,
+            cached_sequences=settings.cached_sequences,
+            main_gpu=settings.main_gpu,
+            flash_attention=settings.flash_attention,
+        )
         self._specs: dict[str, ModelSpec] = {}
         for embedded in EMBEDDED_MODELS.values():
             self._specs[embedded.name] = self._embedded_spec(embedded)
@@ -60,51 +77,35 @@ class Catalog:
         if spec is not None:
             return spec
         source = self._resolver.resolve(name)  # refuses paths outside the allowed roots
-        return ModelSpec(
+        return replace(
+            self._defaults,
             name=name,
             label=source.describe(),
             locate=lambda: source,
-            context_size=self._settings.context_size,
-            threads=self._settings.threads,
-            gpu_layers=self._settings.gpu_layers,
-            parallel_sequences=self._settings.parallel_sequences,
-            cached_sequences=self._settings.cached_sequences,
-            main_gpu=self._settings.main_gpu,
-            flash_attention=self._settings.flash_attention,
             configured=False,
             source=name,
         )
 
     def _embedded_spec(self, embedded: EmbeddedModel) -> ModelSpec:
-        return ModelSpec(
+        return replace(
+            self._defaults,
             name=embedded.name,
             label=f"pypi:{embedded.package}",
             locate=lambda: ModelSource("gguf", embedded.locate()),
-            context_size=self._settings.context_size,
-            threads=self._settings.threads,
-            gpu_layers=self._settings.gpu_layers,
-            parallel_sequences=self._settings.parallel_sequences,
-            cached_sequences=self._settings.cached_sequences,
-            main_gpu=self._settings.main_gpu,
-            flash_attention=self._settings.flash_attention,
         )
 
     def _configured_spec(self, name: str, config: ModelConfig) -> ModelSpec:
-        return ModelSpec(
+        defaults = self._defaults
+        return replace(
+            defaults,
             name=name,
             label=config.source,
             locate=lambda: self._resolver.resolve(config.source, trusted=True),
-            context_size=config.context_size or self._settings.context_size,
-            threads=config.threads or self._settings.threads,
-            gpu_layers=self._settings.gpu_layers
-            if config.gpu_layers is None
-            else config.gpu_layers,
-            main_gpu=self._settings.main_gpu,
-            flash_attention=self._settings.flash_attention,
+            context_size=config.context_size or defaults.context_size,
+            threads=config.threads or defaults.threads,
+            gpu_layers=defaults.gpu_layers if config.gpu_layers is None else config.gpu_layers,
             chat_template=config.chat_template,
             source=config.source,
-            parallel_sequences=self._settings.parallel_sequences,
-            cached_sequences=self._settings.cached_sequences,
             backend=config.backend,
             base_model=config.base_model,
         )
