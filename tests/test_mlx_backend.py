@@ -17,9 +17,11 @@ from mlx_lm.generate import generate_step
 from mlx_lm.sample_utils import make_logits_processors, make_sampler
 from mlx_lm.utils import load
 
+from service.backends.base import SequenceRequest
 from service.backends.mlx_lm import BACKEND_NAME, MlxLmBackend, MlxLmOptions
 from service.chat_template import render_chat
-from service.decode.loop import DecodePlan, decode
+from service.decode.loop import DecodeEvent, DecodePlan, SequenceDecoder
+from service.decode.scheduler import OneAtATime
 from service.errors import BackendFailure
 from service.generation import (
     ChatMessage,
@@ -84,6 +86,28 @@ class Run:
     @property
     def cached(self) -> int:
         return self.finished.usage.cached_prompt_tokens
+
+
+def decode(
+    backend: MlxLmBackend, plan: DecodePlan, cancelled: threading.Event, received_at: float
+) -> list[DecodeEvent]:
+    """One generation through what the scheduler runs it with: OneAtATime and a
+    SequenceDecoder, a step at a time, dropped after a step once cancelled."""
+    stepper = OneAtATime(backend)
+    sequence = stepper.start(SequenceRequest(plan.prompt_ids, plan.sampling, plan.max_tokens))
+    assert sequence is not None
+    decoder = SequenceDecoder(backend, plan, received_at, sequence.cached_prompt_tokens)
+    events: list[DecodeEvent] = []
+    try:
+        while not decoder.done:
+            (sampled,) = stepper.step([sequence], lambda: None)
+            if cancelled.is_set():
+                break
+            assert sampled is not None
+            events.extend(decoder.push(sampled.token))
+    finally:
+        stepper.finish(sequence)
+    return events
 
 
 def run(

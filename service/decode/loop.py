@@ -13,12 +13,11 @@ Everything here runs on the model's worker thread.
 
 from __future__ import annotations
 
-import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 
-from service.backends.base import StreamingBackend, TextBackend
+from service.backends.base import TextBackend
 from service.decode.text import Released, TextAssembler
 from service.errors import InvalidRequest
 from service.generation import (
@@ -119,21 +118,21 @@ class SequenceDecoder:
         if progress.first_token_at is None:
             progress.first_token_at = now
         if self._backend.is_end_of_generation(token):
-            return self.finish(FinishReason.END_OF_TURN)
+            return self._finish(FinishReason.END_OF_TURN)
         progress.completion_tokens += 1
         if logprob is not None:
             self._held_logprobs.append(logprob)
         released = self._assembler.push(token, self._backend.token_bytes(token))
         events: list[DecodeEvent] = list(self._delta(released))
         if released.stop_sequence is not None:
-            return events + self.finish(FinishReason.STOP_SEQUENCE, released.stop_sequence)
+            return events + self._finish(FinishReason.STOP_SEQUENCE, released.stop_sequence)
         if progress.completion_tokens >= self._plan.max_tokens:
-            return events + self.finish(FinishReason.LENGTH)
+            return events + self._finish(FinishReason.LENGTH)
         if self._deadline is not None and now >= self._deadline:
-            return events + self.finish(FinishReason.TIME_LIMIT)
+            return events + self._finish(FinishReason.TIME_LIMIT)
         return events
 
-    def finish(self, reason: FinishReason, stop_sequence: str = "") -> list[DecodeEvent]:
+    def _finish(self, reason: FinishReason, stop_sequence: str = "") -> list[DecodeEvent]:
         self.done = True
         events: list[DecodeEvent] = []
         if reason is not FinishReason.STOP_SEQUENCE:
@@ -162,29 +161,3 @@ class SequenceDecoder:
             self._held_logprobs.clear()
         if released.text:
             yield Delta(released.text, released.token_ids, logprobs)
-
-
-def decode(
-    backend: StreamingBackend,
-    plan: DecodePlan,
-    cancelled: threading.Event,
-    received_at: float,
-) -> Iterator[DecodeEvent]:
-    """Run one generation on a streaming backend, alone.
-
-    Yields `Delta` events, then one `Finished` (none when cancelled: nobody
-    is listening any more). `received_at` is when the request reached the server.
-    """
-    stream = backend.generate(plan.prompt_ids, plan.sampling)
-    decoder = SequenceDecoder(backend, plan, received_at, stream.cached_prompt_tokens)
-    try:
-        for token in stream.tokens:
-            if cancelled.is_set():
-                return
-            yield from decoder.push(token)
-            if decoder.done:
-                return
-        # A stream that ends on its own has nothing more to say: the budget is spent.
-        yield from decoder.finish(FinishReason.LENGTH)
-    finally:
-        stream.tokens.close()
