@@ -18,7 +18,7 @@ from service.admission.describe import describe_gguf
 from service.admission.report import AdmissionReport
 from service.models.catalog import ModelSpec
 from service.models.memory import MemoryNeed, offloaded_share
-from service.models.pool import LoadedModel, ModelPool, PoolLimits
+from service.models.pool import LoadedModel, ModelPool, PoolLimits, memory_need
 from service.models.sources import ModelSource
 from tests.fixtures import Q, write_gguf_header
 
@@ -54,6 +54,14 @@ def test_offloaded_layers_move_their_share_of_weights_and_kv_cache_to_the_gpu(
     assert cuda.memory(1024, gpu_layers=0).device_bytes == 0
     cpu_only = dataclasses.replace(cuda, offloads=False)
     assert cpu_only.memory(1024, gpu_layers=-1) == MemoryNeed(weights, kv_cache, 0)
+
+
+def test_conversations_are_parked_in_host_memory_only_on_the_cpu(four_layer_gguf: Path) -> None:
+    cuda = Decision(True, "", "llama.cpp", describe_gguf(four_layer_gguf), True, offloads=True)
+    spec = ModelSpec("m", "", cast(Any, None), context_size=1024, threads=1, cached_sequences=4)
+    on_the_cpu = memory_need(cuda, dataclasses.replace(spec, gpu_layers=0))
+    assert on_the_cpu.parked_bytes == on_the_cpu.kv_cache_bytes
+    assert memory_need(cuda, dataclasses.replace(spec, gpu_layers=-1)).parked_bytes == 0
 
 
 def test_admission_asks_the_build_whether_it_offloads(four_layer_gguf: Path) -> None:

@@ -164,3 +164,40 @@ def test_parked_conversations_hold_no_more_tokens_than_the_cache() -> None:
     # The newest stays live and the next parks (16 tokens); the oldest would make 32 > 30.
     assert (newest.parked, middle.parked) == (False, True)
     assert oldest.tokens == []
+
+
+def parked_conversation(table: SlotTable, tokens: list[int]) -> int:
+    seq_id = started(table, tokens[:2])
+    table.slots[seq_id].tokens = list(tokens)
+    table.release(table.slots[seq_id])
+    table.slots[seq_id].parked = True  # as the backend does once it copied the cells out
+    return seq_id
+
+
+def test_a_few_shared_tokens_are_not_worth_restoring_a_parked_conversation() -> None:
+    table = SlotTable(slots=3, capacity=100, keep_idle=2, keep_live=0)
+    parked_conversation(table, [1, 2, *range(100, 130)])  # 32 tokens
+    placement = table.place([1, 2, 9, 9], max_tokens=4)
+    assert placement is not None
+    assert (placement.copy_from, placement.reuse) == (None, 0)
+
+
+def test_a_large_share_of_a_parked_conversation_is_copied() -> None:
+    table = SlotTable(slots=3, capacity=100, keep_idle=2, keep_live=0)
+    conversation = parked_conversation(table, list(range(1, 33)))
+    placement = table.place([*range(1, 17), 99, 99], max_tokens=4)
+    assert placement is not None
+    assert placement.copy_from is table.slots[conversation]
+    assert placement.reuse == 16
+
+
+def test_on_a_tie_a_live_conversation_is_the_donor_rather_than_a_parked_one() -> None:
+    table = SlotTable(slots=4, capacity=100, keep_idle=2, keep_live=0)
+    parked_conversation(table, [1, 2, 3, 4])
+    live = started(table, [1, 2])
+    table.slots[live].tokens = [1, 2, 3, 5]
+    table.slots[live].reserved = None  # finished, still in the cache
+    placement = table.place([1, 2, 3, 9, 9], max_tokens=4)
+    assert placement is not None
+    assert placement.copy_from is table.slots[live]
+    assert placement.reuse == 3

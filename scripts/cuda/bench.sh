@@ -34,7 +34,20 @@ if [ -n "$llama_bench" ]; then
         | tee "$out/llama-bench.md" || echo "llama-bench failed" >&2
 fi
 
-args=(--gpu-layers -1 --runs 5 --max-tokens 128 --streams 1,8,32,64 --stream-tokens 128
+# llama.cpp's own batched decode loop in C++ (no sampling, nothing but llama_decode),
+# with one KV cache shared by every sequence (-kvu, what the service uses) and with a
+# cache of its own per sequence (-no-kvu): the ceiling for the concurrent-streams rows.
+batched_bench=$(find "$CUDA_DIR/build" -name llama-batched-bench -type f -perm -u+x 2>/dev/null | head -1 || true)
+if [ -n "$batched_bench" ]; then
+    for layout in -kvu -no-kvu; do
+        echo "llama-batched-bench $layout"
+        timeout 120 "$batched_bench" -m "$model" -ngl 99 -fa on -c 32768 -b 2048 -ub 512 \
+            -npp 128 -ntg 128 -npl "${BATCHED_BENCH_STREAMS:-1,8,32,64,128}" "$layout" 2>"$out/batched-bench$layout.err" \
+            | tee "$out/batched-bench$layout.md" || echo "llama-batched-bench $layout failed" >&2
+    done
+fi
+
+args=(--gpu-layers -1 --runs 5 --max-tokens 128 --streams 1,8,32,64,128 --stream-tokens 128
       --context-size 32768 --bandwidth-gbs 4800 --out "$out")
 [ $# -gt 0 ] && args=("$@")
 timeout 420 "$python" -m bench.generate --model-path "$model" "${args[@]}" \

@@ -101,7 +101,7 @@ class SlotTable:
             return self._placement(donor, keep=common, copy_from=None, need=prompt, more=max_tokens)
         if target is None:
             return None
-        copy_from = donor if common else None
+        copy_from = donor if donor is not None and _worth_copying(donor, common) else None
         return self._placement(target, keep=0, copy_from=copy_from, need=prompt, more=max_tokens)
 
     def occupy(self, placement: Placement, prompt_length: int, max_tokens: int) -> None:
@@ -148,8 +148,7 @@ class SlotTable:
         best_length = 0
         for slot in self.slots:
             length = common_prefix_length(slot.tokens, prompt)
-            # Prefer an idle slot on a tie: it can be reused in place.
-            if length > best_length or (length == best_length > 0 and best and best.busy):
+            if length > best_length or (length == best_length > 0 and _preferred(slot, best)):
                 best, best_length = slot, length
         return best, best_length
 
@@ -191,3 +190,23 @@ class SlotTable:
             used -= len(slot.tokens)
             evict.append(slot)
         return tuple(evict) if used <= self.capacity else None
+
+
+# Restoring a parked sequence copies all of its cells back, so copying a prefix
+# from one pays only when the prefix is a fair share of it: a prompt that shares
+# just its first few tokens (a BOS, a common first word) computes them instead.
+_PARKED_COPY_SHARE = 8
+
+
+def _worth_copying(donor: Slot, common: int) -> bool:
+    if not common:
+        return False
+    return not donor.parked or common * _PARKED_COPY_SHARE >= len(donor.tokens)
+
+
+def _preferred(slot: Slot, best: Slot | None) -> bool:
+    """On a tie, whether `slot` is the better donor than `best`: an idle slot can be
+    reused in place, and a live one shares its cells where a parked one is copied."""
+    if best is None:
+        return True
+    return (best.busy and not slot.busy) or (best.parked and not slot.parked and not slot.busy)

@@ -165,6 +165,12 @@ class LlamaCppBackend:
             slots=llama_cpp.llama_n_seq_max(self._context.ctx),
             capacity=size,
             keep_idle=options.cached_sequences,
+            # Parking (see kv_slots) pays on the CPU, where each cached cell widens
+            # every step's attention. On a GPU that costs little and a park costs
+            # much: the state copy goes range by range, and a conversation decoded
+            # beside others has its cells interleaved with theirs, so one park is
+            # hundreds of small device-to-host copies on the model's thread.
+            keep_live=options.cached_sequences if self.computes_off_cpu else 1,
         )
         self._batch = Batch(options.batch_size)
         # Cells of parked finished sequences, by sequence id (see kv_slots).
