@@ -82,6 +82,7 @@ class Figures:
     runs: int
     max_tokens: int
     prompt_tokens: int
+    kv_layout: str = "unified"
     single: dict[str, float] = field(default_factory=dict)
     streams: list[dict[str, float]] = field(default_factory=list)
     second_turn: dict[str, float] = field(default_factory=dict)
@@ -145,7 +146,9 @@ def measure_streams(
         tokens = args.stream_tokens
         served = service_aggregate_tps(stub, args.model, streams, tokens, first)
         prompts = [tokenize(short_prompt(first + 500 + i)) for i in range(streams)]
-        batched = raw.batched_tps(llama, prompts, tokens, args.threads)
+        batched = raw.batched_tps(
+            llama, prompts, tokens, args.threads, unified=args.kv_layout == "unified"
+        )
         rows.append({"streams": streams, "service_tps": served, "raw_batched_tps": batched})
     return rows
 
@@ -191,7 +194,7 @@ def report(figures: Figures, bandwidth_gbs: float | None, model_bytes: int) -> N
     print(
         f"model {figures.model}  prompt {figures.prompt_tokens} tokens  max_tokens "
         f"{figures.max_tokens}  threads {figures.threads}  gpu layers {figures.gpu_layers}  "
-        f"medians of {figures.runs}"
+        f"KV cache {figures.kv_layout}  medians of {figures.runs}"
     )
     report_single(figures.single)
     report_streams(figures, bandwidth_gbs, model_bytes)
@@ -281,6 +284,13 @@ def parse_args() -> argparse.Namespace:
     )
     parser.add_argument("--history-tokens", type=int, default=1400)
     parser.add_argument("--gpu-layers", type=int, default=0, help="offload to a GPU build")
+    parser.add_argument(
+        "--kv-layout",
+        choices=("unified", "per-sequence"),
+        default="unified",
+        help="the service's --kv-layout, and the raw batched loop's; with per-sequence, "
+        "--context-size is each sequence's",
+    )
     parser.add_argument("--bandwidth-gbs", type=float, help="memory bandwidth, for the bound")
     parser.add_argument("--out", type=Path, default=Path("bench-results"))
     args = parser.parse_args()
@@ -293,9 +303,13 @@ def main() -> None:
     path = args.model_path or EMBEDDED_MODELS[args.model].locate()
     # Room for every stream at once, so the service never waits for cache space.
     streams_context = max(args.streams) * (64 + args.stream_tokens)
+    # Unified: one cache for every stream. Per-sequence: --context-size is each one's.
+    unified = args.kv_layout == "unified"
+    context = max(args.context_size, streams_context) if unified else args.context_size
     server_flags = [
         "--gpu-layers", str(args.gpu_layers),
-        "--context-size", str(max(args.context_size, streams_context)),
+        "--kv-layout", args.kv_layout,
+        "--context-size", str(context),
         "--parallel-sequences", str(max(args.streams)),
         # The server-wide gate (default 32) would otherwise queue the streams beyond it.
         "--max-concurrent", str(max(max(args.streams), 32)),
@@ -318,6 +332,7 @@ def main() -> None:
         runs=args.runs,
         max_tokens=args.max_tokens,
         prompt_tokens=len(tokenize(prompt(0))),
+        kv_layout=args.kv_layout,
     )
     with (
         running_server(args.model, args.threads, server_flags) as (address, pid),

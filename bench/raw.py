@@ -70,21 +70,30 @@ def suffix_ttft_ms(llama: Llama, cached: Sequence[int], suffix: Sequence[int]) -
 
 
 def batched_tps(
-    llama: Llama, prompts: Sequence[Sequence[int]], max_tokens: int, threads: int
+    llama: Llama,
+    prompts: Sequence[Sequence[int]],
+    max_tokens: int,
+    threads: int,
+    unified: bool = True,
 ) -> float:
     """Aggregate tokens/s of greedy decoding of every prompt in one llama.cpp batch.
 
     The hand-written loop a user would write with the low-level API: each
     prompt evaluated in turn, then one llama_decode per step for all of them.
     Timed from start to the last token, prefill included, as the service is.
+    `unified`: one KV cache for all the sequences, else one each.
     """
     count = len(prompts)
     params = llama_cpp.llama_context_default_params()
-    params.n_ctx = sum(len(p) for p in prompts) + count * max_tokens + 16
+    if unified:
+        params.n_ctx = sum(len(p) for p in prompts) + count * max_tokens + 16
+    else:  # llama.cpp splits n_ctx evenly, 256 cells at a time
+        longest = max(len(p) for p in prompts) + max_tokens
+        params.n_ctx = count * -(-longest // 256) * 256
     params.n_batch = params.n_ubatch = 512
     params.n_seq_max = count
     params.n_threads = params.n_threads_batch = threads
-    params.kv_unified = True
+    params.kv_unified = unified
     context = llama_cpp.llama_init_from_model(llama.model, params)
     batch = llama_cpp.llama_batch_init(512, 0, 1)
     sampler = llama_cpp.llama_sampler_init_greedy()

@@ -32,6 +32,7 @@ from pydantic_settings import BaseSettings, EnvSettingsSource, NoDecode, Setting
 ENV_PREFIX = "INFERENCE_"
 
 FlashAttention = Literal["auto", "on", "off"]
+KvLayout = Literal["unified", "per-sequence"]
 
 
 def available_cores() -> int:
@@ -208,6 +209,13 @@ class Settings(BaseSettings):
         "most recent in the cache, older ones parked in host memory), so that the next "
         "turn evaluates only its new tokens.",
     )
+    kv_layout: KvLayout = Field(
+        default="unified",
+        description="How a llama.cpp model's KV cache holds its sequences. unified: one "
+        "pool of --context-size cells shared by all of them. per-sequence: --context-size "
+        "cells for each (--parallel-sequences plus --cached-sequences times the memory); on "
+        "a GPU it keeps throughput rising past about 32 concurrent streams.",
+    )
     max_top_logprobs: int = Field(
         default=20,
         ge=0,
@@ -346,7 +354,7 @@ def read_models_file(path: Path) -> dict[str, ModelConfig]:
     return {str(name): ModelConfig.model_validate(entry) for name, entry in entries.items()}
 
 
-_CHOICES = ("log_format", "log_level", "flash_attention")
+_CHOICES = ("log_format", "log_level", "flash_attention", "kv_layout")
 
 
 def _flag(name: str) -> str:

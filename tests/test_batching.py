@@ -50,9 +50,13 @@ def all_at_once(calls: list[Callable[[], T]]) -> list[T]:
         return list(pool.map(run, calls))
 
 
-@pytest.fixture(scope="module")
-def batching() -> Iterator[tuple[RunningServer, pb_grpc.InferenceStub]]:
-    with serving(make_settings(parallel_sequences=4, cached_sequences=4)) as running:
+@pytest.fixture(scope="module", params=["unified", "per-sequence"])
+def batching(
+    request: pytest.FixtureRequest,
+) -> Iterator[tuple[RunningServer, pb_grpc.InferenceStub]]:
+    """A server batching four sequences, with either KV cache layout."""
+    settings = make_settings(parallel_sequences=4, cached_sequences=4, kv_layout=request.param)
+    with serving(settings) as running:
         yield running
 
 

@@ -64,6 +64,15 @@ def test_conversations_are_parked_in_host_memory_only_on_the_cpu(four_layer_gguf
     assert memory_need(cuda, dataclasses.replace(spec, gpu_layers=-1)).parked_bytes == 0
 
 
+def test_a_per_sequence_layout_counts_a_cache_for_every_sequence(four_layer_gguf: Path) -> None:
+    cuda = Decision(True, "", "llama.cpp", describe_gguf(four_layer_gguf), True, offloads=True)
+    spec = ModelSpec("m", "", cast(Any, None), context_size=1000, threads=1, gpu_layers=0)
+    per_sequence = memory_need(cuda, dataclasses.replace(spec, kv_layout="per-sequence"))
+    # 8 running + 4 cached sequences, each with 1000 cells rounded up to 1024.
+    assert per_sequence.kv_cache_bytes == 12 * cuda.memory(1024).kv_cache_bytes
+    assert per_sequence.parked_bytes == 0
+
+
 def test_admission_asks_the_build_whether_it_offloads(four_layer_gguf: Path) -> None:
     decision = decide(ModelSource("gguf", four_layer_gguf), Capability.TEXT, offline=True)
     assert decision.admitted, decision.reason

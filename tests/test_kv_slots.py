@@ -201,3 +201,40 @@ def test_on_a_tie_a_live_conversation_is_the_donor_rather_than_a_parked_one() ->
     assert placement is not None
     assert placement.copy_from is table.slots[live]
     assert placement.reuse == 3
+
+
+def test_per_sequence_caches_count_room_per_slot() -> None:
+    table = SlotTable(slots=3, capacity=10, shared=False)
+    started(table, [1] * 6, max_tokens=4)
+    started(table, [2] * 6, max_tokens=4)  # 20 tokens in all, 10 per slot
+    assert table.place([3] * 6, max_tokens=5) is None  # 11 > 10 for any one slot
+
+
+def test_per_sequence_running_sequences_take_the_lowest_free_ids() -> None:
+    table = SlotTable(slots=4, capacity=100, shared=False)
+    assert [started(table, [n, n]) for n in (1, 2, 3)] == [0, 1, 2]
+
+
+def test_per_sequence_a_finished_conversation_moves_to_the_highest_empty_slot() -> None:
+    table = SlotTable(slots=4, capacity=100, keep_idle=2, shared=False)
+    first = started(table, [1, 2])
+    table.slots[first].tokens = [1, 2, 3]
+    retention = table.release(table.slots[first])
+    assert retention.park == ()
+    assert [(a.seq_id, b.seq_id) for a, b in retention.move] == [(0, 3)]
+    table.moved(*retention.move[0])
+    assert (table.slots[0].tokens, table.slots[3].tokens) == ([], [1, 2, 3])
+    assert started(table, [9, 9]) == 0  # the low ids stay for running sequences
+
+
+def test_per_sequence_a_continued_conversation_moves_down_to_the_running_ones() -> None:
+    table = SlotTable(slots=4, capacity=100, keep_idle=2, shared=False)
+    table.slots[3].tokens = [1, 2, 3]  # a cached conversation, moved up when it finished
+    placement = table.place([1, 2, 3, 4, 5], max_tokens=4)
+    assert placement is not None
+    assert (placement.slot.seq_id, placement.copy_from, placement.moves) == (
+        0,
+        table.slots[3],
+        True,
+    )
+    assert placement.reuse == 3

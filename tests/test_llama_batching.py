@@ -184,3 +184,63 @@ def test_a_parked_conversation_continues_from_host_memory(backend: LlamaCppBacke
     assert cached == len(first) + len(answer) - 1  # all but the last token it evaluated
     cold, _ = generate_ids(backend, follow_up, 6)
     assert continued[:3] == cold[:3]
+
+
+def per_sequence_backend() -> LlamaCppBackend:
+    path = EMBEDDED_MODELS[SMOLLM].locate()
+    options = LlamaCppOptions(
+        context_size=256, threads=2, max_sequences=3, cached_sequences=2, kv_layout="per-sequence"
+    )
+    return LlamaCppBackend(path, options)
+
+
+@pytest.fixture
+def per_sequence() -> Iterator[LlamaCppBackend]:
+    loaded = per_sequence_backend()
+    yield loaded
+    loaded.close()
+
+
+def test_a_per_sequence_cache_gives_each_sequence_its_own_window(
+    per_sequence: LlamaCppBackend,
+) -> None:
+    assert per_sequence.context_length == 256
+    assert llama_cpp.llama_n_ctx(per_sequence._context.ctx) == 256 * 5
+
+
+def test_per_sequence_caches_decode_as_the_unified_one_does(
+    backend: LlamaCppBackend, per_sequence: LlamaCppBackend
+) -> None:
+    prompts = ["The sky is", "My favourite food is", "Water boils at"]
+    unified = run(backend, prompts, 6)
+    for ours, theirs in zip(run(per_sequence, prompts, 6), unified, strict=True):
+        assert ours[:3] == theirs[:3]
+
+
+def test_a_conversation_moves_between_per_sequence_caches_and_keeps_its_cells(
+    backend: LlamaCppBackend, per_sequence: LlamaCppBackend
+) -> None:
+    first = tuple(per_sequence.tokenize("The three primary colours are", add_bos=True))
+    answer, _ = generate_ids(per_sequence, first, 6)
+    slots = per_sequence._slots.slots
+    # It finished in the lowest slot and moved to the highest.
+    assert not slots[0].tokens
+    assert slots[-1].tokens == [*first, *answer[:-1]]
+    follow_up = (*first, *answer, *per_sequence.tokenize(" and", add_bos=False))
+    continued, cached = generate_ids(per_sequence, follow_up, 6)
+    assert cached == len(first) + len(answer) - 1
+    cold, _ = generate_ids(backend, follow_up, 6)
+    assert continued[:3] == cold[:3]
+
+
+def test_a_shared_prefix_is_copied_between_per_sequence_caches(
+    backend: LlamaCppBackend, per_sequence: LlamaCppBackend
+) -> None:
+    system = "You are a careful assistant who answers in one short sentence. " * 3
+    shared = tuple(per_sequence.tokenize(system, add_bos=True))
+    generate_ids(per_sequence, (*shared, *per_sequence.tokenize("Q: sky?", add_bos=False)), 2)
+    branch = (*shared, *per_sequence.tokenize("Q: grass colour?", add_bos=False))
+    produced, cached = generate_ids(per_sequence, branch, 6)
+    assert cached >= len(shared)
+    cold, _ = generate_ids(backend, branch, 6)
+    assert produced[:3] == cold[:3]

@@ -1,12 +1,14 @@
 #!/usr/bin/env bash
 # ON the CUDA machine, after build-wheel.sh and model.sh: quantize the benchmark
 # model to Q4_K_M (once), then measure the service against raw llama-cpp-python
-# with every layer on the GPU, and llama-bench where it was built. About 2 minutes.
+# with every layer on the GPU, in both KV cache layouts, and llama-bench and
+# llama-batched-bench where they were built. About 3.5 minutes.
 #
 #   scripts/cuda/bench.sh [bench.generate flags]
 #
 # Figures go to stdout and, where the device tool gives one, to $OUT.
-# MODEL_TYPE picks another llama.cpp file type (default Q4_K_M).
+# MODEL_TYPE picks another llama.cpp file type (default Q4_K_M); BENCH_TOOLS=0 skips
+# llama-bench and llama-batched-bench.
 set -euo pipefail
 
 root=$(cd "$(dirname "$0")/../.." && pwd)
@@ -28,7 +30,9 @@ fi
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader 2>&1 || true
 echo "LD_PRELOAD=${LD_PRELOAD:-}"
 
-llama_bench=$(find "$CUDA_DIR/build" -name llama-bench -type f -perm -u+x 2>/dev/null | head -1 || true)
+tools_dir=$CUDA_DIR/build
+[ "${BENCH_TOOLS:-1}" = 0 ] && tools_dir=/nonexistent
+llama_bench=$(find "$tools_dir" -name llama-bench -type f -perm -u+x 2>/dev/null | head -1 || true)
 if [ -n "$llama_bench" ]; then
     timeout 120 "$llama_bench" -m "$model" -ngl 99 -p 512 -n 128 -r 3 -o md 2>/dev/null \
         | tee "$out/llama-bench.md" || echo "llama-bench failed" >&2
@@ -37,7 +41,7 @@ fi
 # llama.cpp's own batched decode loop in C++ (no sampling, nothing but llama_decode),
 # with one KV cache shared by every sequence (-kvu, what the service uses) and with a
 # cache of its own per sequence (-no-kvu): the ceiling for the concurrent-streams rows.
-batched_bench=$(find "$CUDA_DIR/build" -name llama-batched-bench -type f -perm -u+x 2>/dev/null | head -1 || true)
+batched_bench=$(find "$tools_dir" -name llama-batched-bench -type f -perm -u+x 2>/dev/null | head -1 || true)
 if [ -n "$batched_bench" ]; then
     for layout in -kvu -no-kvu; do
         echo "llama-batched-bench $layout"
@@ -47,9 +51,24 @@ if [ -n "$batched_bench" ]; then
     done
 fi
 
-args=(--gpu-layers -1 --runs 5 --max-tokens 128 --streams 1,8,32,64,128 --stream-tokens 128
-      --context-size 32768 --bandwidth-gbs 4800 --out "$out")
-[ $# -gt 0 ] && args=("$@")
-timeout 420 "$python" -m bench.generate --model-path "$model" "${args[@]}" \
-    2>"$out/bench-generate.err" | tee "$out/bench-generate.txt" \
-    || { tail -30 "$out/bench-generate.err"; exit 1; }
+# The service against raw llama-cpp-python, once per KV cache layout. Unified: one
+# cache for every stream. Per-sequence: 2048 cells for each of the 128 + 4 sequences
+# (about 8.5 GiB for this model).
+if [ $# -gt 0 ]; then
+    timeout 420 "$python" -m bench.generate --model-path "$model" "$@" \
+        2>"$out/bench-generate.err" | tee "$out/bench-generate.txt" \
+        || { tail -30 "$out/bench-generate.err"; exit 1; }
+    exit 0
+fi
+status=0
+for layout in unified per-sequence; do
+    context=32768
+    [ "$layout" = per-sequence ] && context=2048
+    mkdir -p "$out/$layout"
+    timeout 240 "$python" -m bench.generate --model-path "$model" --gpu-layers -1 --runs 5 \
+        --max-tokens 128 --streams 1,8,32,64,128 --stream-tokens 128 --bandwidth-gbs 4800 \
+        --kv-layout "$layout" --context-size "$context" --out "$out/$layout" \
+        2>"$out/$layout/bench-generate.err" | tee "$out/$layout/bench-generate.txt" \
+        || { tail -30 "$out/$layout/bench-generate.err"; status=1; }
+done
+exit $status

@@ -44,10 +44,13 @@ class ModelDescription:
     # safetensors only: the parsed config.json, for the backend's own registry.
     config: Mapping[str, Any] = field(default_factory=dict)
 
-    def memory_bytes(self, context_size: int) -> tuple[int, int]:
-        """(weights, KV cache) bytes when loaded with `context_size` tokens of context."""
+    def memory_bytes(self, context_size: int, sequences: int = 1) -> tuple[int, int]:
+        """(weights, KV cache) bytes when loaded with `context_size` tokens of context,
+        for one shared cache or, with `sequences`, a cache for each sequence."""
         context = min(context_size, self.trained_context) if self.trained_context else context_size
-        return self.weights_bytes, self.kv_bytes_per_token * context
+        if sequences > 1:  # llama.cpp gives each sequence a multiple of 256 cells
+            context = -(-context // 256) * 256
+        return self.weights_bytes, self.kv_bytes_per_token * context * sequences
 
 
 def describe_gguf(path: Path) -> ModelDescription:

@@ -29,6 +29,7 @@ def load_backend(spec: ModelSpec, source: ModelSource, backend: str) -> TextBack
             flash_attention=spec.flash_attention,
             max_sequences=spec.parallel_sequences,
             cached_sequences=spec.cached_sequences,
+            kv_layout=spec.kv_layout,
         )
         return LlamaCppBackend(source.path, options)
     if backend == MLX_LM:

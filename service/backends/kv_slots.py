@@ -14,13 +14,19 @@ Room is counted conservatively: every live slot's tokens, plus the tokens each
 running sequence may still add (its prompt and max_tokens), must fit the
 cache. Tokens shared between slots are counted once per slot, so the table may
 make a request wait that would have fitted, never the reverse.
+
+With a per-sequence cache (`shared=False`) each slot has cells of its own,
+`capacity` of them, and nothing is parked: a cached conversation costs other
+sequences no attention. llama.cpp then splits a batch into one forward pass
+per run of consecutive sequence ids, so running sequences take the lowest
+free ids and finished conversations move to the highest.
 """
 
 from __future__ import annotations
 
 import itertools
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from service.backends.base import common_prefix_length
 
@@ -61,6 +67,8 @@ class Placement:
     copy_from: Slot | None
     # Prompt tokens already in the cache once the placement is done.
     reuse: int
+    # Forget `copy_from` once copied: its conversation moved to `slot`.
+    moves: bool = False
 
 
 @dataclass(frozen=True)
@@ -69,14 +77,23 @@ class Retention:
 
     park: tuple[Slot, ...]  # copy their cells to host memory and free them
     drop: tuple[Slot, ...]  # forget them
+    # (from, to): move a conversation's cells to an empty slot (per-sequence caches).
+    move: tuple[tuple[Slot, Slot], ...] = ()
 
 
 class SlotTable:
     def __init__(
-        self, slots: int, capacity: int, keep_idle: int | None = None, keep_live: int = 1
+        self,
+        slots: int,
+        capacity: int,
+        keep_idle: int | None = None,
+        keep_live: int = 1,
+        shared: bool = True,
     ) -> None:
         self.slots = [Slot(seq_id) for seq_id in range(slots)]
+        # Cells of the whole cache when shared, else of each slot.
         self.capacity = capacity
+        self.shared = shared
         # Finished sequences kept cached; None: as many as there are slots.
         self.keep_idle = slots if keep_idle is None else keep_idle
         # Of those, the most recent ones left in the cache itself; the rest are parked.
@@ -91,18 +108,42 @@ class SlotTable:
         slot (in a unified cache the copy shares cells), so the conversation
         cached there survives for its own next turn. The last prompt token is
         never reused, so that the logits the first sample reads are this prompt's.
+        With a per-sequence cache, a continued conversation moves down to the
+        lowest empty slot, next to the other running sequences.
         """
         donor, common = self._longest_prefix(prompt[:-1])
         if donor is not None and not donor.busy and common == len(donor.tokens):
-            return self._placement(donor, keep=common, copy_from=None, need=prompt, more=max_tokens)
+            lower = self._empty_slot_below(donor)
+            if lower is None:
+                return self._placement(donor, common, None, need=prompt, more=max_tokens)
+            placement = self._placement(lower, 0, donor, need=prompt, more=max_tokens)
+            return placement and replace(placement, moves=True)
         target = self._free_slot(exclude=donor)
         if target is None and donor is not None and not donor.busy:
             # No other slot is free: branch off inside the donor itself.
             return self._placement(donor, keep=common, copy_from=None, need=prompt, more=max_tokens)
         if target is None:
             return None
-        copy_from = donor if donor is not None and _worth_copying(donor, common) else None
+        copy_from = donor if donor is not None and self._worth_copying(donor, common) else None
         return self._placement(target, keep=0, copy_from=copy_from, need=prompt, more=max_tokens)
+
+    def _empty_slot_below(self, slot: Slot) -> Slot | None:
+        """With a per-sequence cache, the lowest empty slot below `slot`, to move a
+        continued conversation down among the running ones."""
+        if self.shared:
+            return None
+        empty = [s for s in self.slots if not s.busy and not s.tokens and s.seq_id < slot.seq_id]
+        return min(empty, key=lambda s: s.seq_id) if empty else None
+
+    def _worth_copying(self, donor: Slot, common: int) -> bool:
+        """Restoring a parked sequence copies all of its cells back, and a copy between
+        per-sequence caches copies the donor's whole cache, so a copy pays only when
+        the shared prefix is a fair share of the donor: a prompt that shares just its
+        first few tokens (a BOS, a common first word) computes them instead."""
+        if not common:
+            return False
+        whole = donor.parked or not self.shared
+        return not whole or common * _WHOLE_COPY_SHARE >= len(donor.tokens)
 
     def occupy(self, placement: Placement, prompt_length: int, max_tokens: int) -> None:
         """Record a placement as carried out."""
@@ -114,6 +155,11 @@ class SlotTable:
         slot.tokens = list(source[: placement.reuse])
         slot.reserved = prompt_length + max_tokens
         slot.last_used = next(_clock)
+
+    def moved(self, source: Slot, target: Slot) -> None:
+        """Record a move of `Retention.move` as carried out."""
+        target.tokens, source.tokens = source.tokens, []
+        target.last_used = source.last_used
 
     def release(self, slot: Slot) -> Retention:
         """Mark a slot idle; which finished sequences to park and which to drop now.
@@ -132,6 +178,8 @@ class SlotTable:
             reverse=True,
         )
         kept, drop = cached[: self.keep_idle], cached[self.keep_idle :]
+        if not self.shared:
+            return Retention(park=(), drop=tuple(drop), move=self._move_up(slot, kept, drop))
         park: list[Slot] = []
         parked_tokens = 0
         for older in kept[self.keep_live :]:  # most recent first
@@ -142,6 +190,17 @@ class SlotTable:
             elif not older.parked:
                 park.append(older)
         return Retention(park=tuple(park), drop=tuple(drop))
+
+    def _move_up(
+        self, slot: Slot, kept: list[Slot], drop: list[Slot]
+    ) -> tuple[tuple[Slot, Slot], ...]:
+        """Where a kept conversation goes so that it leaves the low ids to running ones:
+        the highest empty slot above it (or one being emptied), if any."""
+        if slot not in kept:
+            return ()
+        empty = [s for s in self.slots if not s.busy and (not s.tokens or s in drop)]
+        above = [s for s in empty if s.seq_id > slot.seq_id]
+        return ((slot, max(above, key=lambda s: s.seq_id)),) if above else ()
 
     def _longest_prefix(self, prompt: Sequence[int]) -> tuple[Slot | None, int]:
         best: Slot | None = None
@@ -162,17 +221,20 @@ class SlotTable:
         return Placement(slot, evict, keep, copy_from, reuse)
 
     def _free_slot(self, exclude: Slot | None) -> Slot | None:
-        """An idle slot to start afresh in: an empty one, else the least recently used."""
+        """An idle slot to start afresh in: the empty one with the lowest id, else the
+        least recently used."""
         idle = [slot for slot in self.slots if not slot.busy and slot is not exclude]
         if not idle:
             return None
-        return min(idle, key=lambda slot: (bool(slot.tokens), slot.last_used))
+        return min(idle, key=lambda s: (bool(s.tokens), s.last_used if s.tokens else s.seq_id))
 
     def _evictions(self, target: Slot, need: int, spare: Slot | None) -> tuple[Slot, ...] | None:
         """Idle slots to empty, least recently used first, so that `need` more fits.
 
         `spare` (the slot a prefix is copied from) is not evicted.
         """
+        if not self.shared:  # the target's own cells are all it needs
+            return () if need <= self.capacity else None
         others = [slot for slot in self.slots if slot is not target]
         used = sum(slot.charged for slot in others) + need
         evict: list[Slot] = []
@@ -192,16 +254,8 @@ class SlotTable:
         return tuple(evict) if used <= self.capacity else None
 
 
-# Restoring a parked sequence copies all of its cells back, so copying a prefix
-# from one pays only when the prefix is a fair share of it: a prompt that shares
-# just its first few tokens (a BOS, a common first word) computes them instead.
-_PARKED_COPY_SHARE = 8
-
-
-def _worth_copying(donor: Slot, common: int) -> bool:
-    if not common:
-        return False
-    return not donor.parked or common * _PARKED_COPY_SHARE >= len(donor.tokens)
+# See SlotTable._worth_copying.
+_WHOLE_COPY_SHARE = 8
 
 
 def _preferred(slot: Slot, best: Slot | None) -> bool:

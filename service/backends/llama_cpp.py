@@ -5,7 +5,10 @@ evaluates one batch holding the next token of each running sequence and
 chunks of the prompts still being read. The context's KV cache is unified:
 its cells are shared by all sequences, each under its own sequence id, and a
 finished sequence's tokens stay cached for the next request that extends
-them (see `kv_slots`).
+them (see `kv_slots`). With `kv_layout="per-sequence"` each sequence has a
+cache of its own instead: more memory, and attention that no longer spans
+every other sequence's cells, which is what keeps throughput rising with the
+number of streams on a GPU.
 
 llama-cpp-python's low-level names change between releases; pyproject pins
 the version and tests/test_llama_batching.py exercises each name used here.
@@ -29,9 +32,10 @@ from llama_cpp._internals import LlamaContext, LlamaModel
 from service.backends.base import ActiveSequence, Sampled, SequenceRequest
 from service.backends.kv_slots import Placement, Slot, SlotTable
 from service.backends.llama_batch import Batch, Chunk
+from service.backends.argmax import RowArgmax
 from service.backends.llama_sampling import SamplerChain
 from service.backends.logprobs import token_logprob
-from service.config import FlashAttention
+from service.config import FlashAttention, KvLayout
 from service.errors import BackendFailure
 from service.generation import SamplingDefaults
 
@@ -99,6 +103,9 @@ class LlamaCppOptions:
     gpu_layers: int = -1
     main_gpu: int = 0
     flash_attention: FlashAttention = "auto"
+    # "unified": one pool of cells shared by every sequence, `context_size` in all;
+    # "per-sequence": `context_size` cells for each sequence, running or cached.
+    kv_layout: KvLayout = "unified"
     batch_size: int = 512
     # Sequences decoded together in one step.
     max_sequences: int = 8
@@ -121,19 +128,24 @@ def _load_model(path: Path, options: LlamaCppOptions) -> LlamaModel:
 
 def _new_context(model: LlamaModel, options: LlamaCppOptions, size: int) -> LlamaContext:
     params = llama_cpp.llama_context_default_params()
-    params.n_ctx = size
-    params.n_batch = params.n_ubatch = options.batch_size
     params.n_seq_max = options.max_sequences + options.cached_sequences
+    # Unified: one pool of cells for every sequence, whose prefixes share cells.
+    # Per-sequence: llama.cpp splits n_ctx evenly, in multiples of 256 cells.
+    params.kv_unified = options.kv_layout == "unified"
+    params.n_ctx = size if params.kv_unified else _round_up(size, 256) * params.n_seq_max
+    params.n_batch = params.n_ubatch = options.batch_size
     params.n_threads = params.n_threads_batch = options.threads
     params.flash_attn_type = _FLASH_ATTENTION[options.flash_attention]
-    # One pool of cells for every sequence, so a prefix can be shared between them.
-    params.kv_unified = True
     # Keep sliding-window layers' full history, so a cached prefix can be trimmed.
     params.swa_full = True
     try:
         return LlamaContext(model=model, params=params, verbose=False)
     except ValueError as exc:
         raise BackendFailure(f"llama.cpp could not create a context: {exc}") from exc
+
+
+def _round_up(value: int, multiple: int) -> int:
+    return -(-value // multiple) * multiple
 
 
 @dataclass(eq=False)
@@ -163,8 +175,9 @@ class LlamaCppBackend:
         self._metadata: dict[str, str] = self._model.metadata()
         self._slots = SlotTable(
             slots=llama_cpp.llama_n_seq_max(self._context.ctx),
-            capacity=size,
+            capacity=self.context_length,
             keep_idle=options.cached_sequences,
+            shared=options.kv_layout == "unified",
             # Parking (see kv_slots) pays on the CPU, where each cached cell widens
             # every step's attention. On a GPU that costs little and a park costs
             # much: the state copy goes range by range, and a conversation decoded
@@ -173,6 +186,7 @@ class LlamaCppBackend:
             keep_live=options.cached_sequences if self.computes_off_cpu else 1,
         )
         self._batch = Batch(options.batch_size)
+        self._argmax = RowArgmax(options.threads)
         # Cells of parked finished sequences, by sequence id (see kv_slots).
         self._parked: dict[int, ctypes.Array[ctypes.c_uint8]] = {}
         self._piece_buffer = ctypes.create_string_buffer(256)
@@ -185,7 +199,8 @@ class LlamaCppBackend:
 
     @property
     def context_length(self) -> int:
-        return int(self._context.n_ctx())
+        """The most tokens one sequence may hold."""
+        return int(llama_cpp.llama_n_ctx_seq(self._context.ctx))
 
     @property
     def max_sequences(self) -> int:
@@ -243,6 +258,8 @@ class LlamaCppBackend:
         sampler = SamplerChain(request.sampling, prompt, self._vocab, request.grammar)
         placement = self._arrange_cache(placement)
         self._slots.occupy(placement, len(prompt), request.max_tokens)
+        if placement.moves and placement.copy_from is not None:
+            self._forget(placement.copy_from)
         return LlamaSequence(
             slot=placement.slot,
             sampler=sampler,
@@ -257,12 +274,14 @@ class LlamaCppBackend:
         if self._closed.is_set():
             raise RuntimeError("this llama.cpp model was closed")
         own = [_own(sequence) for sequence in sequences]
-        chunks = self._plan_step(own)
-        self._batch.fill(list(chunks.values()))
+        # In sequence id order: with per-sequence caches llama.cpp evaluates each run
+        # of consecutive ids in a forward pass of its own.
+        chunks = sorted(self._plan_step(own).items(), key=lambda item: item[1].seq_id)
+        self._batch.fill([chunk for _, chunk in chunks])
         before_compute()
         outputs = self._batch.decode(self._context.ctx)
         ready: list[tuple[LlamaSequence, int]] = []
-        for (sequence, chunk), output in zip(chunks.items(), outputs, strict=True):
+        for (sequence, chunk), output in zip(chunks, outputs, strict=True):
             sequence.slot.tokens.extend(chunk.tokens)
             del sequence.pending[: len(chunk.tokens)]
             if output >= 0:
@@ -284,7 +303,7 @@ class LlamaCppBackend:
         pointer = llama_cpp.llama_get_logits(self._context.ctx)
         logits = np.ctypeslib.as_array(pointer, shape=(len(ready), self._n_vocab))
         if len(rows) == len(ready):
-            tokens = np.argmax(logits, axis=1).tolist()
+            tokens = self._argmax.rows(logits)
         else:  # row views: indexing with the list would copy every row first
             tokens = [int(np.argmax(logits[row])) for row in rows]
         return {ready[row][0]: int(token) for row, token in zip(rows, tokens, strict=True)}
@@ -311,10 +330,15 @@ class LlamaCppBackend:
             self._forget(slot)
         for slot in retention.park:
             self._park(slot)
+        for source, target in retention.move:
+            self._copy_whole(source, target)
+            llama_cpp.llama_memory_seq_rm(self._memory, source.seq_id, -1, -1)
+            self._slots.moved(source, target)
 
     def close(self) -> None:
         if not self._closed.is_set():
             self._closed.set()
+            self._argmax.close()
             self._batch.close()
             self._context.close()
             self._model.close()
@@ -375,13 +399,22 @@ class LlamaCppBackend:
 
     def _copy_prefix(self, source: Slot, target: Slot, length: int) -> bool:
         """Give the (empty) target the first `length` cached tokens of the source."""
-        if not source.parked:  # shared cells in a unified cache, not a copy
+        if source.parked:
+            copied = self._unpark(source, target)
+        elif self._slots.shared:  # shared cells in a unified cache, not a copy
             llama_cpp.llama_memory_seq_cp(self._memory, source.seq_id, target.seq_id, 0, length)
             return True
-        if not self._unpark(source, target):
-            return False
-        llama_cpp.llama_memory_seq_rm(self._memory, target.seq_id, length, -1)
-        return True
+        else:
+            self._copy_whole(source, target)
+            copied = True
+        if copied:
+            llama_cpp.llama_memory_seq_rm(self._memory, target.seq_id, length, -1)
+        return copied
+
+    def _copy_whole(self, source: Slot, target: Slot) -> None:
+        """Copy a sequence's cache to an empty one; between per-sequence caches llama.cpp
+        copies only whole ones (a part aborts the process), at its next decode."""
+        llama_cpp.llama_memory_seq_cp(self._memory, source.seq_id, target.seq_id, -1, -1)
 
     def _park(self, slot: Slot) -> None:
         """Copy a finished sequence's cells to host memory and free them."""

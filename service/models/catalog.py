@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 
-from service.config import FlashAttention, ModelConfig, Settings
+from service.config import FlashAttention, KvLayout, ModelConfig, Settings
 from service.models.embedded import EMBEDDED_MODELS, EmbeddedModel
 from service.models.sources import ModelSource, SourceResolver
 
@@ -29,6 +29,7 @@ class ModelSpec:
     cached_sequences: int = 4
     main_gpu: int = 0
     flash_attention: FlashAttention = "auto"
+    kv_layout: KvLayout = "unified"
     chat_template: str | None = None
     configured: bool = True
     source: str = ""  # the reference as configured or requested
@@ -57,6 +58,7 @@ class Catalog:
             cached_sequences=settings.cached_sequences,
             main_gpu=settings.main_gpu,
             flash_attention=settings.flash_attention,
+            kv_layout=settings.kv_layout,
         )
         self._specs: dict[str, ModelSpec] = {}
         for embedded in EMBEDDED_MODELS.values():
