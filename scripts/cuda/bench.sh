@@ -65,7 +65,7 @@ for layout in unified per-sequence; do
     context=32768
     [ "$layout" = per-sequence ] && context=2048
     mkdir -p "$out/$layout"
-    timeout 240 "$python" -m bench.generate --model-path "$model" --gpu-layers -1 --runs 5 \
+    timeout 240 "$python" -m bench.generate --model-path "$model" --gpu-layers -1 --runs "${RUNS:-5}" \
         --max-tokens 128 --streams 1,8,32,64,128 --stream-tokens 128 --bandwidth-gbs 4800 \
         --kv-layout "$layout" --context-size "$context" --out "$out/$layout" \
         2>"$out/$layout/bench-generate.err" | tee "$out/$layout/bench-generate.txt" \
