@@ -205,9 +205,9 @@ class Settings(BaseSettings):
         default=4,
         ge=0,
         le=128,
-        description="Finished conversations whose KV cache a llama.cpp model keeps (the "
-        "most recent in the cache, older ones parked in host memory), so that the next "
-        "turn evaluates only its new tokens.",
+        description="Finished conversations whose KV cache a llama.cpp model keeps, so "
+        "that the next turn evaluates only its new tokens (on the CPU only the most recent "
+        "stays in the cache; older ones are parked in host memory).",
     )
     kv_layout: KvLayout = Field(
         default="unified",
@@ -215,6 +215,14 @@ class Settings(BaseSettings):
         "pool of --context-size cells shared by all of them. per-sequence: --context-size "
         "cells for each (--parallel-sequences plus --cached-sequences times the memory); on "
         "a GPU it keeps throughput rising past about 32 concurrent streams.",
+    )
+    stream_interval: int = Field(
+        default=1,
+        ge=1,
+        le=64,
+        description="Tokens per streamed message after the first, which goes out alone; "
+        "the end of a generation flushes the rest. Above 1, many streams cost the event loop "
+        "less per token, for the same text in fewer, larger deltas.",
     )
     max_top_logprobs: int = Field(
         default=20,

@@ -29,10 +29,10 @@ import numpy as np
 import structlog
 from llama_cpp._internals import LlamaContext, LlamaModel
 
+from service.backends.argmax import RowArgmax
 from service.backends.base import ActiveSequence, Sampled, SequenceRequest
 from service.backends.kv_slots import Placement, Slot, SlotTable
 from service.backends.llama_batch import Batch, Chunk
-from service.backends.argmax import RowArgmax
 from service.backends.llama_sampling import SamplerChain
 from service.backends.logprobs import token_logprob
 from service.config import FlashAttention, KvLayout

@@ -32,6 +32,7 @@ from service.backends.base import (
     TextBackend,
     TokenStream,
 )
+from service.decode.chunking import StreamChunker
 from service.decode.loop import DecodeEvent, DecodePlan, SequenceDecoder
 from service.errors import NotSupported, Overloaded, ServiceError, Unavailable
 from service.models.worker import Channel, ModelWorker
@@ -42,16 +43,25 @@ class _Request:
     plan: DecodePlan
     received_at: float
     channel: Channel[DecodeEvent]
+    chunker: StreamChunker
     sequence: ActiveSequence | None = None
     decoder: SequenceDecoder | None = None
 
 
 class DecodeScheduler:
-    def __init__(self, backend: TextBackend, worker: ModelWorker, max_waiting: int) -> None:
+    def __init__(
+        self,
+        backend: TextBackend,
+        worker: ModelWorker,
+        max_waiting: int,
+        stream_interval: int = 1,
+    ) -> None:
         self._backend = backend
         self._stepper = as_stepper(backend)
         self._worker = worker
         self._max_waiting = max_waiting
+        # Tokens per streamed message after the first (see decode/chunking.py).
+        self._stream_interval = stream_interval
         self._waiting: deque[_Request] = deque()
         self._active: list[_Request] = []
         self._failure: str | None = None
@@ -67,7 +77,7 @@ class DecodeScheduler:
         """The events of one generation; stopping early cancels it."""
         relayed = self._stepper.computes_off_cpu
         channel: Channel[DecodeEvent] = Channel(asyncio.get_running_loop(), relayed)
-        request = _Request(plan, received_at, channel)
+        request = _Request(plan, received_at, channel, StreamChunker(self._stream_interval))
         self._worker.submit(lambda: self._enqueue(request))
         async for event in channel:
             yield event
@@ -103,6 +113,7 @@ class DecodeScheduler:
 
         Called before the backend closes (unloading, shutdown past the grace period).
         """
+        self._send_held()
         self._flush()
         self._failure = reason
         for request in self._active:
@@ -174,7 +185,8 @@ class DecodeScheduler:
         decoder = request.decoder
         assert decoder is not None  # set when the request became active
         for event in decoder.push(sampled.token, sampled.logprob):
-            self._outbox.append((request.channel, event))
+            for message in request.chunker.push(event):
+                self._outbox.append((request.channel, message))
         if decoder.done:
             self._retire(request)
 
@@ -183,7 +195,14 @@ class DecodeScheduler:
         self._stepper.finish(_sequence(request))
         self._outbox.append((request.channel, None))
 
+    def _send_held(self) -> None:
+        """Queue the deltas each running request still holds back for its next message."""
+        for request in self._active:
+            for message in request.chunker.drain():
+                self._outbox.append((request.channel, message))
+
     def _fail_all(self, error: Exception) -> None:
+        self._send_held()
         self._flush()  # what was produced before the failure still goes out
         self._failure = f"the model failed while generating ({error}); it is being reloaded"
         for request in self._active:

@@ -30,6 +30,8 @@ class ModelSpec:
     main_gpu: int = 0
     flash_attention: FlashAttention = "auto"
     kv_layout: KvLayout = "unified"
+    # Tokens per streamed message after the first.
+    stream_interval: int = 1
     chat_template: str | None = None
     configured: bool = True
     source: str = ""  # the reference as configured or requested
@@ -59,6 +61,7 @@ class Catalog:
             main_gpu=settings.main_gpu,
             flash_attention=settings.flash_attention,
             kv_layout=settings.kv_layout,
+            stream_interval=settings.stream_interval,
         )
         self._specs: dict[str, ModelSpec] = {}
         for embedded in EMBEDDED_MODELS.values():

@@ -283,7 +283,9 @@ class ModelPool:
         )
         if capability is Capability.TEXT:
             text = cast(TextBackend, backend)
-            model.scheduler = DecodeScheduler(text, worker, self.limits.max_waiting_sequences)
+            model.scheduler = DecodeScheduler(
+                text, worker, self.limits.max_waiting_sequences, model.spec.stream_interval
+            )
         self._loaded[spec.name] = model
         self.stats.loads[spec.name] = self.stats.loads.get(spec.name, 0) + 1
         log.info(
