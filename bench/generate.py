@@ -285,6 +285,9 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--history-tokens", type=int, default=1400)
     parser.add_argument("--gpu-layers", type=int, default=0, help="offload to a GPU build")
     parser.add_argument(
+        "--stream-interval", type=int, default=1, help="the service's --stream-interval"
+    )
+    parser.add_argument(
         "--kv-layout",
         choices=("unified", "per-sequence"),
         default="unified",
@@ -309,6 +312,7 @@ def main() -> None:
     server_flags = [
         "--gpu-layers", str(args.gpu_layers),
         "--kv-layout", args.kv_layout,
+        "--stream-interval", str(args.stream_interval),
         "--context-size", str(context),
         "--parallel-sequences", str(max(args.streams)),
         # The server-wide gate (default 32) would otherwise queue the streams beyond it.
