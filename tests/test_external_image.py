@@ -160,12 +160,14 @@ def test_cancelling_the_request_kills_the_command(commands: Path, tmp_path: Path
 
 
 def _alive(pid: int) -> bool:
+    """Whether the process runs; a zombie (killed, not yet reaped) does not count."""
     try:
         os.kill(pid, 0)
-    except ProcessLookupError:
+        # The server may reap it between the two calls: then /proc has no entry.
+        status = Path(f"/proc/{pid}/status").read_text()
+    except (ProcessLookupError, FileNotFoundError):
         return False
-    status = Path(f"/proc/{pid}/status")
-    return not (status.exists() and "zombie" in status.read_text())
+    return "zombie" not in status
 
 
 @pytest.mark.parametrize(
