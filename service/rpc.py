@@ -54,6 +54,7 @@ class _RpcOutcome:
         self.code = grpc.StatusCode.OK
         self._metrics = metrics
         self._started = time.monotonic()
+        self._written = False
         if metrics is not None:
             metrics.rpc_started(method)
 
@@ -80,9 +81,16 @@ class _RpcOutcome:
         else:
             self.code, message = grpc.StatusCode.INTERNAL, INTERNAL_MESSAGE
             log.exception("unhandled error", rpc=self.method)
+        # abort sends the status at once: count the RPC first, so that a client that
+        # has seen the error also sees it in the metrics.
+        self.write()
         await context.abort(self.code, message)
 
     def write(self) -> None:
+        """The summary line and the metrics, once."""
+        if self._written:
+            return
+        self._written = True
         seconds = time.monotonic() - self._started
         if self._metrics is not None:
             model = str(self.summary.get("model", ""))
