@@ -8,7 +8,9 @@
 #
 # Figures go to stdout and, where the device tool gives one, to $OUT.
 # MODEL_TYPE picks another llama.cpp file type (default Q4_K_M); BENCH_TOOLS=0 skips
-# llama-bench and llama-batched-bench.
+# llama-bench and llama-batched-bench; RUNS (5) sets the medians' runs; KV_LAYOUTS
+# ("unified per-sequence") and STREAM_INTERVALS ("1", e.g. "1 4") pick the service
+# configurations, each run once.
 set -euo pipefail
 
 root=$(cd "$(dirname "$0")/../.." && pwd)
@@ -61,14 +63,18 @@ if [ $# -gt 0 ]; then
     exit 0
 fi
 status=0
-for layout in unified per-sequence; do
-    context=32768
-    [ "$layout" = per-sequence ] && context=2048
-    mkdir -p "$out/$layout"
-    timeout 240 "$python" -m bench.generate --model-path "$model" --gpu-layers -1 --runs "${RUNS:-5}" \
-        --max-tokens 128 --streams 1,8,32,64,128 --stream-tokens 128 --bandwidth-gbs 4800 \
-        --kv-layout "$layout" --context-size "$context" --out "$out/$layout" \
-        2>"$out/$layout/bench-generate.err" | tee "$out/$layout/bench-generate.txt" \
-        || { tail -30 "$out/$layout/bench-generate.err"; status=1; }
+for interval in ${STREAM_INTERVALS:-1}; do
+    for layout in ${KV_LAYOUTS:-unified per-sequence}; do
+        context=32768
+        [ "$layout" = per-sequence ] && context=2048
+        run=$out/$layout-interval$interval
+        mkdir -p "$run"
+        timeout 240 "$python" -m bench.generate --model-path "$model" --gpu-layers -1 \
+            --runs "${RUNS:-5}" --max-tokens 128 --streams 1,8,32,64,128 --stream-tokens 128 \
+            --bandwidth-gbs 4800 --kv-layout "$layout" --context-size "$context" \
+            --stream-interval "$interval" --out "$run" \
+            2>"$run/bench-generate.err" | tee "$run/bench-generate.txt" \
+            || { tail -30 "$run/bench-generate.err"; status=1; }
+    done
 done
 exit $status
