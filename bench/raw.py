@@ -15,6 +15,7 @@ import numpy as np
 from llama_cpp import Llama
 
 from bench.server import Run, rate
+from service.models.memory import cells_per_sequence
 
 
 @llama_cpp.llama_log_callback  # type: ignore[untyped-decorator]
@@ -92,7 +93,7 @@ def batched_tps(
         params.n_ctx = sum(len(p) for p in prompts) + count * max_tokens + 16
     else:  # llama.cpp splits n_ctx evenly, 256 cells at a time
         longest = max(len(p) for p in prompts) + max_tokens
-        params.n_ctx = count * -(-longest // 256) * 256
+        params.n_ctx = count * cells_per_sequence(longest)
     params.n_batch = params.n_ubatch = 512
     params.n_seq_max = count
     params.n_threads = params.n_threads_batch = threads

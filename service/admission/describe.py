@@ -25,6 +25,7 @@ from service.admission.quantization import (
     from_gguf_type_name,
 )
 from service.errors import InvalidRequest
+from service.models.memory import cells_per_sequence
 
 KV_BYTES_PER_VALUE = 2  # f16 K and V caches, the default of both backends
 
@@ -48,8 +49,8 @@ class ModelDescription:
         """(weights, KV cache) bytes when loaded with `context_size` tokens of context,
         for one shared cache or, with `sequences`, a cache for each sequence."""
         context = min(context_size, self.trained_context) if self.trained_context else context_size
-        if sequences > 1:  # llama.cpp gives each sequence a multiple of 256 cells
-            context = -(-context // 256) * 256
+        if sequences > 1:
+            context = cells_per_sequence(context)
         return self.weights_bytes, self.kv_bytes_per_token * context * sequences
 
 

@@ -38,6 +38,7 @@ from service.backends.logprobs import token_logprob
 from service.config import FlashAttention, KvLayout
 from service.errors import BackendFailure
 from service.generation import SamplingDefaults
+from service.models.memory import cells_per_sequence
 
 BACKEND_NAME = "llama.cpp"
 
@@ -132,7 +133,7 @@ def _new_context(model: LlamaModel, options: LlamaCppOptions, size: int) -> Llam
     # Unified: one pool of cells for every sequence, whose prefixes share cells.
     # Per-sequence: llama.cpp splits n_ctx evenly, in multiples of 256 cells.
     params.kv_unified = options.kv_layout == "unified"
-    params.n_ctx = size if params.kv_unified else _round_up(size, 256) * params.n_seq_max
+    params.n_ctx = size if params.kv_unified else cells_per_sequence(size) * params.n_seq_max
     params.n_batch = params.n_ubatch = options.batch_size
     params.n_threads = params.n_threads_batch = options.threads
     params.flash_attn_type = _FLASH_ATTENTION[options.flash_attention]
@@ -142,10 +143,6 @@ def _new_context(model: LlamaModel, options: LlamaCppOptions, size: int) -> Llam
         return LlamaContext(model=model, params=params, verbose=False)
     except ValueError as exc:
         raise BackendFailure(f"llama.cpp could not create a context: {exc}") from exc
-
-
-def _round_up(value: int, multiple: int) -> int:
-    return -(-value // multiple) * multiple
 
 
 @dataclass(eq=False)
@@ -399,17 +396,16 @@ class LlamaCppBackend:
 
     def _copy_prefix(self, source: Slot, target: Slot, length: int) -> bool:
         """Give the (empty) target the first `length` cached tokens of the source."""
-        if source.parked:
-            copied = self._unpark(source, target)
-        elif self._slots.shared:  # shared cells in a unified cache, not a copy
+        if self._slots.shared and not source.parked:  # shared cells, not a copy
             llama_cpp.llama_memory_seq_cp(self._memory, source.seq_id, target.seq_id, 0, length)
             return True
+        if source.parked:
+            if not self._unpark(source, target):
+                return False
         else:
             self._copy_whole(source, target)
-            copied = True
-        if copied:
-            llama_cpp.llama_memory_seq_rm(self._memory, target.seq_id, length, -1)
-        return copied
+        llama_cpp.llama_memory_seq_rm(self._memory, target.seq_id, length, -1)
+        return True
 
     def _copy_whole(self, source: Slot, target: Slot) -> None:
         """Copy a sequence's cache to an empty one; between per-sequence caches llama.cpp

@@ -40,6 +40,8 @@ class StreamChunker:
         """What to send now, given the next event of the generation."""
         if not isinstance(event, Delta):  # the end: what is held goes first
             return [*self.drain(), event]
+        if self._interval <= 1:  # the default: every delta as it comes
+            return [event]
         self._held.append(event)
         self._held_tokens += max(len(event.token_ids), 1)
         if self._sent_first and self._held_tokens < self._interval:

@@ -33,6 +33,12 @@ def format_bytes(count: int) -> str:
     return f"{value:.1f} GiB"
 
 
+def cells_per_sequence(context_size: int) -> int:
+    """The KV cells llama.cpp gives each sequence of a per-sequence cache: the
+    context rounded up to a multiple of 256."""
+    return -(-context_size // 256) * 256
+
+
 @dataclass(frozen=True)
 class MemoryNeed:
     """What a model takes once loaded, and how much of it sits in GPU memory.
