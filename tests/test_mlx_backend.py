@@ -132,6 +132,15 @@ def run(
     return Run(ids, "".join(delta.text for delta in deltas), finished)
 
 
+def run_checkpoint(path: Path, prompt_ids: list[int]) -> Run:
+    """`run` on a checkpoint loaded for this call alone."""
+    loaded = MlxLmBackend(path, MlxLmOptions(context_size=4096))
+    try:
+        return run(loaded, prompt_ids)
+    finally:
+        loaded.close()
+
+
 def mlx_lm_greedy(
     model: Any, prompt_ids: list[int], count: int, repetition_penalty: float | None = None
 ) -> list[int]:
@@ -303,11 +312,7 @@ def test_an_eos_token_the_model_produces_ends_generation_with_end_of_turn(
     (im_end,) = backend.tokenize(IM_END, add_bos=False)
     copy = _copy_checkpoint(checkpoint, tmp_path)
     _edit_config(copy, eos_token_id=[im_end, greedy[2]])
-    stopping = MlxLmBackend(copy, MlxLmOptions(context_size=4096))
-    try:
-        result = run(stopping, prompt)
-    finally:
-        stopping.close()
+    result = run_checkpoint(copy, prompt)
     assert result.finished.finish_reason is FinishReason.END_OF_TURN
     assert result.token_ids == greedy[:2]
     assert result.finished.usage.completion_tokens == 2
@@ -326,11 +331,7 @@ def test_eos_ids_in_generation_config_replace_those_in_config(
     _edit_config(copy, eos_token_id=greedy[1])
     stated = {**GENERATION_CONFIG, "eos_token_id": [im_end, greedy[2]]}
     (copy / "generation_config.json").write_text(json.dumps(stated))
-    stopping = MlxLmBackend(copy, MlxLmOptions(context_size=4096))
-    try:
-        result = run(stopping, prompt)
-    finally:
-        stopping.close()
+    result = run_checkpoint(copy, prompt)
     assert result.finished.finish_reason is FinishReason.END_OF_TURN
     assert result.token_ids == greedy[:2]
 
