@@ -67,7 +67,17 @@ build() {
     say "built and installed"
 }
 
+# llama.cpp's log filter (service/backends/llama_log.py), which `pip install` builds
+# elsewhere; here the service runs from the tree, so compile it in place.
+build_log_filter() {
+    local suffix
+    suffix=$("$python" -c 'import sysconfig; print(sysconfig.get_config_var("EXT_SUFFIX"))')
+    cc -O2 -shared -fPIC -o "$root/service/backends/native/_log_filter$suffix" \
+        "$root/service/backends/native/log_filter.c"
+}
+
 install_deps
+build_log_filter
 [ "${1:-}" = "--deps-only" ] && exit 0
 if [ "${FORCE:-0}" != 1 ] && has_cuda_llama; then
     say "a CUDA llama-cpp-python is already installed in $CUDA_SITE (FORCE=1 rebuilds)"

@@ -18,17 +18,16 @@ from __future__ import annotations
 
 import ctypes
 import threading
-from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
 import llama_cpp
 import numpy as np
-import structlog
 from llama_cpp._internals import LlamaContext, LlamaModel
 
+from service.backends import llama_log  # noqa: F401  (routes llama.cpp's log on import)
 from service.backends.argmax import RowArgmax
 from service.backends.base import ActiveSequence, Sampled, SequenceRequest
 from service.backends.kv_slots import Placement, Slot, SlotTable
@@ -51,43 +50,6 @@ _SAMPLING_KEYS = {
     "general.sampling.min_p": ("min_p", float),
     "general.sampling.penalty_repeat": ("repeat_penalty", float),
 }
-
-
-# ggml's log levels. llama-cpp-python's own log callback predates the current
-# numbering and prints warnings even when verbose=False, which breaks JSON logs.
-_GGML_LOG_WARN, _GGML_LOG_ERROR = 3, 4
-_native_log = structlog.get_logger("llama.cpp")
-
-
-_captured = threading.local()
-
-
-@llama_cpp.llama_log_callback  # type: ignore[untyped-decorator]
-def _forward_native_log(level: int, text: bytes, user_data: ctypes.c_void_p) -> None:
-    """Send llama.cpp's warnings and errors to our log; drop its chatter."""
-    if level not in (_GGML_LOG_WARN, _GGML_LOG_ERROR):
-        return
-    message = text.decode("utf-8", errors="replace").strip()
-    capture: list[str] | None = getattr(_captured, "lines", None)
-    if capture is not None:
-        capture.append(message)
-    elif message:
-        emit = _native_log.error if level == _GGML_LOG_ERROR else _native_log.warning
-        emit("llama.cpp says", message=message)
-
-
-@contextmanager
-def captured_native_log() -> Iterator[list[str]]:
-    """Collect what llama.cpp logs on this thread instead of logging it."""
-    lines: list[str] = []
-    _captured.lines = lines
-    try:
-        yield lines
-    finally:
-        _captured.lines = None
-
-
-llama_cpp.llama_log_set(_forward_native_log, ctypes.c_void_p(0))
 
 
 _FLASH_ATTENTION = {

@@ -25,6 +25,7 @@ from contextlib import contextmanager
 import llama_cpp
 from llama_cpp.llama_grammar import json_schema_to_gbnf
 
+from service.backends.llama_log import captured_native_log
 from service.errors import InvalidRequest
 
 MAX_GRAMMAR_CHARS = 64 * 1024
@@ -98,9 +99,6 @@ def grammar_from_json_schema(schema: str) -> str:
 
 def check_grammar(gbnf: str, what: str = "the grammar") -> None:
     """Raise InvalidRequest, with llama.cpp's reason, when `gbnf` does not parse."""
-    # Imported here: the backend imports service.generation, which imports this module.
-    from service.backends.llama_cpp import captured_native_log
-
     with captured_native_log() as logged, _captured_stderr() as printed:
         sampler = llama_cpp.llama_sampler_init_grammar(
             None, gbnf.encode("utf-8"), ROOT_RULE.encode("utf-8")
