@@ -1,0 +1,95 @@
+"""The llama.cpp backend driven directly, beside the raw batched loop: whose is a gap?
+
+bench.generate compares the whole service (gRPC, event loop, scheduler) with a
+hand-written llama.cpp loop. When the service falls behind at many streams,
+this tells the backend's share from the server's: the same prompts, greedy,
+through LlamaCppBackend.start/step/finish in this process, no server, no
+event loop. Prints tokens/s and milliseconds per step for both.
+
+    python -m bench.backend_steps --model-path MODEL [--gpu-layers -1] [--streams 8,64]
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+from pathlib import Path
+
+from bench import raw
+from bench.generate import short_prompt
+from service.backends.base import ActiveSequence, SequenceRequest
+from service.backends.llama_cpp import LlamaCppBackend, LlamaCppOptions
+from service.config import available_cores
+from service.generation import SamplingParams
+
+GREEDY = SamplingParams(temperature=0, top_p=1, top_k=0, min_p=0, repeat_penalty=1, seed=0)
+
+
+def backend_run(
+    backend: LlamaCppBackend, prompts: list[list[int]], tokens: int
+) -> tuple[float, int]:
+    """Tokens/s and steps for every prompt decoded together, prefill included."""
+    start = time.perf_counter()
+    running: list[ActiveSequence] = []
+    for ids in prompts:
+        sequence = backend.start(SequenceRequest(tuple(ids), GREEDY, tokens))
+        if sequence is None:
+            raise SystemExit("the cache has no room for every stream: raise --context-size")
+        running.append(sequence)
+    made = dict.fromkeys(running, 0)
+    steps = 0
+    while running:
+        sampled = backend.step(running, lambda: None)
+        steps += 1
+        for active, token in zip(list(running), sampled, strict=True):
+            if token is None:
+                continue
+            made[active] += 1
+            if made[active] == tokens:
+                backend.finish(active)
+                running.remove(active)
+    return sum(made.values()) / (time.perf_counter() - start), steps
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--model-path", type=Path, required=True)
+    parser.add_argument("--gpu-layers", type=int, default=0)
+    parser.add_argument("--streams", default="1,8,32,64")
+    parser.add_argument("--tokens", type=int, default=128)
+    parser.add_argument("--context-size", type=int, default=32768)
+    parser.add_argument("--kv-layout", choices=["unified", "per-sequence"], default="unified")
+    args = parser.parse_args()
+    streams = [int(s) for s in args.streams.split(",")]
+    threads = available_cores()
+    llama = raw.open_llama(args.model_path, 512, threads, args.gpu_layers)
+    backend = LlamaCppBackend(
+        args.model_path,
+        LlamaCppOptions(
+            context_size=args.context_size,
+            threads=threads,
+            gpu_layers=args.gpu_layers,
+            max_sequences=max(streams),
+            kv_layout=args.kv_layout,
+        ),
+    )
+    unified = args.kv_layout == "unified"
+    print(f"{'streams':>8} {'backend tok/s':>14} {'raw tok/s':>10} {'ratio':>6} "
+          f"{'backend ms/step':>16} {'raw ms/step':>12}")  # fmt: skip
+    for index, count in enumerate(streams):
+        prompts = [
+            list(llama.tokenize(short_prompt(1000 * index + i).encode(), add_bos=True))
+            for i in range(count)
+        ]
+        served, steps = backend_run(backend, prompts, args.tokens)
+        direct = raw.batched_tps(llama, prompts, args.tokens, threads, unified=unified)
+        served_ms = count * args.tokens / served / steps * 1000
+        direct_ms = count / direct * 1000
+        print(f"{count:>8} {served:>14.1f} {direct:>10.1f} {served / direct:>6.2f} "
+              f"{served_ms:>16.2f} {direct_ms:>12.2f}")  # fmt: skip
+    backend.close()
+    llama.close()
+
+
+if __name__ == "__main__":
+    main()
