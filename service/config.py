@@ -181,7 +181,9 @@ class Settings(BaseSettings):
     context_size: int = Field(
         default=4096,
         gt=0,
-        description="Context window in tokens, capped by what each model was trained for.",
+        description="KV cache cells: for llama.cpp, with --kv-layout unified the pool all of "
+        "a model's sequences share, with per-sequence each one's; for mlx-lm, the window of its "
+        "one sequence. No sequence holds more than its model was trained for.",
     )
     default_max_tokens: int = Field(
         default=512,

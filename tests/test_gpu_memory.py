@@ -130,3 +130,16 @@ def test_admit_reports_host_and_gpu_bytes_and_names_the_gpu_budget_it_exceeds(
     assert memory.device_budget_bytes == need.device_bytes - 1
     unlimited = dataclasses.replace(report, limits=PoolLimits(100 * GiB))
     assert not unlimited.to_pb().memory.HasField("device_budget_bytes")
+
+
+def test_a_unified_pool_may_exceed_the_trained_window_and_one_sequence_may_not(
+    four_layer_gguf: Path,
+) -> None:
+    # The fixture's model was trained for 2048 tokens.
+    cuda = Decision(True, "", "llama.cpp", describe_gguf(four_layer_gguf), True, offloads=True)
+    per_token = cuda.memory(1).kv_cache_bytes
+    spec = ModelSpec("m", "", cast(Any, None), context_size=8192, threads=1, gpu_layers=-1)
+    assert memory_need(cuda, spec).kv_cache_bytes == 8192 * per_token
+    assert cuda.memory(8192).kv_cache_bytes == 2048 * per_token
+    per_sequence = memory_need(cuda, dataclasses.replace(spec, kv_layout="per-sequence"))
+    assert per_sequence.kv_cache_bytes == 12 * 2048 * per_token

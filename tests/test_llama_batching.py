@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import tomllib
 from collections.abc import Iterator
+from dataclasses import replace
 from pathlib import Path
 
 import llama_cpp
@@ -11,6 +12,7 @@ import pytest
 
 from service.backends.base import SequenceRequest
 from service.backends.llama_cpp import LlamaCppBackend, LlamaCppOptions, LlamaSequence
+from service.backends.llama_log import captured_native_log
 from service.errors import InvalidRequest
 from service.generation import SamplingParams
 from service.models.embedded import EMBEDDED_MODELS
@@ -206,6 +208,28 @@ def test_a_per_sequence_cache_gives_each_sequence_its_own_window(
 ) -> None:
     assert per_sequence.context_length == 256
     assert llama_cpp.llama_n_ctx(per_sequence._context.ctx) == 256 * 5
+
+
+def test_a_unified_pool_exceeds_the_trained_window_while_each_sequence_stays_within_it() -> None:
+    path = EMBEDDED_MODELS[SMOLLM].locate()
+    trained = 8192  # SmolLM2-135M's n_ctx_train
+    options = LlamaCppOptions(
+        context_size=trained + 4096, threads=2, max_sequences=1, cached_sequences=1
+    )
+    with captured_native_log() as said:
+        pooled = LlamaCppBackend(path, options)
+    try:
+        assert llama_cpp.llama_n_ctx(pooled._context.ctx) == trained + 4096
+        assert pooled.context_length == trained
+        assert not [line for line in said if "overflow" in line]
+    finally:
+        pooled.close()
+    wide = LlamaCppBackend(path, replace(options, kv_layout="per-sequence"))
+    try:
+        assert wide.context_length == trained
+        assert llama_cpp.llama_n_ctx(wide._context.ctx) == trained * 2
+    finally:
+        wide.close()
 
 
 def test_per_sequence_caches_decode_as_the_unified_one_does(

@@ -48,12 +48,15 @@ class Decision:
     # The backend's library can put layers on a GPU (a CUDA build of llama.cpp).
     offloads: bool = False
 
-    def memory(self, context_size: int, gpu_layers: int = 0, sequences: int = 1) -> MemoryNeed:
-        """Weights and KV cache (one, or one per sequence), and the part of them on a
-        GPU; zeros when nothing was read."""
+    def memory(
+        self, context_size: int, gpu_layers: int = 0, sequences: int = 1, *, pooled: bool = False
+    ) -> MemoryNeed:
+        """Weights and KV cache (one, one per sequence, or one pool for all: see
+        ModelDescription.memory_bytes), and the part of them on a GPU; zeros when
+        nothing was read."""
         if self.description is None:
             return MemoryNeed()
-        weights, kv_cache = self.description.memory_bytes(context_size, sequences)
+        weights, kv_cache = self.description.memory_bytes(context_size, sequences, pooled=pooled)
         layers = self.description.layer_count
         share = offloaded_share(gpu_layers, layers) if self.offloads else 0.0
         return MemoryNeed.offloaded(weights, kv_cache, share)

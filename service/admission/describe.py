@@ -45,13 +45,21 @@ class ModelDescription:
     # safetensors only: the parsed config.json, for the backend's own registry.
     config: Mapping[str, Any] = field(default_factory=dict)
 
-    def memory_bytes(self, context_size: int, sequences: int = 1) -> tuple[int, int]:
-        """(weights, KV cache) bytes when loaded with `context_size` tokens of context,
-        for one shared cache or, with `sequences`, a cache for each sequence."""
-        context = min(context_size, self.trained_context) if self.trained_context else context_size
-        if sequences > 1:
-            context = cells_per_sequence(context)
-        return self.weights_bytes, self.kv_bytes_per_token * context * sequences
+    def memory_bytes(
+        self, context_size: int, sequences: int = 1, *, pooled: bool = False
+    ) -> tuple[int, int]:
+        """(weights, KV cache) bytes when loaded with `context_size` tokens of context:
+        one sequence's window, capped by the trained one; with `sequences`, a window
+        for each sequence; `pooled`, one pool of cells that every sequence shares,
+        which the trained window does not cap (it caps each sequence in it)."""
+        window = min(context_size, self.trained_context) if self.trained_context else context_size
+        if pooled:
+            cells = context_size
+        elif sequences > 1:
+            cells = cells_per_sequence(window) * sequences
+        else:
+            cells = window
+        return self.weights_bytes, self.kv_bytes_per_token * cells
 
 
 def describe_gguf(path: Path) -> ModelDescription:

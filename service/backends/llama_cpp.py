@@ -27,7 +27,7 @@ import llama_cpp
 import numpy as np
 from llama_cpp._internals import LlamaContext, LlamaModel
 
-from service.backends import llama_log  # noqa: F401  (routes llama.cpp's log on import)
+from service.backends import llama_log  # also routes llama.cpp's log, on import
 from service.backends.argmax import RowArgmax
 from service.backends.base import ActiveSequence, Sampled, SequenceRequest
 from service.backends.kv_slots import Placement, Slot, SlotTable
@@ -101,8 +101,11 @@ def _new_context(model: LlamaModel, options: LlamaCppOptions, size: int) -> Llam
     params.flash_attn_type = _FLASH_ATTENTION[options.flash_attention]
     # Keep sliding-window layers' full history, so a cached prefix can be trimmed.
     params.swa_full = True
+    # A unified pool may hold more cells than the model's trained window, which
+    # llama.cpp warns about; no one sequence may (see LlamaCppBackend.context_length).
     try:
-        return LlamaContext(model=model, params=params, verbose=False)
+        with llama_log.expected_native_warnings("possible training context overflow"):
+            return LlamaContext(model=model, params=params, verbose=False)
     except ValueError as exc:
         raise BackendFailure(f"llama.cpp could not create a context: {exc}") from exc
 
@@ -124,9 +127,13 @@ class LlamaCppBackend:
     def __init__(self, path: Path, options: LlamaCppOptions) -> None:
         self._options = options
         self._model = _load_model(path, options)
-        trained = self._model.n_ctx_train()
-        # A window beyond the trained one gives garbage.
-        size = min(options.context_size, trained) if trained > 0 else options.context_size
+        # A sequence longer than the model was trained for gives garbage, so each
+        # sequence's window is capped by it. A unified cache's pool is not: it is
+        # shared, and many streams of a small-window model need more cells in all.
+        self._trained = max(self._model.n_ctx_train(), 0)
+        size = options.context_size
+        if options.kv_layout == "per-sequence":
+            size = self._within_training(size)
         self._context = _new_context(self._model, options, size)
         self._memory = llama_cpp.llama_get_memory(self._context.ctx)
         self._vocab = self._model.vocab
@@ -134,7 +141,7 @@ class LlamaCppBackend:
         self._metadata: dict[str, str] = self._model.metadata()
         self._slots = SlotTable(
             slots=llama_cpp.llama_n_seq_max(self._context.ctx),
-            capacity=self.context_length,
+            capacity=int(llama_cpp.llama_n_ctx_seq(self._context.ctx)),
             keep_idle=options.cached_sequences,
             shared=options.kv_layout == "unified",
             # Parking (see kv_slots) pays on the CPU, where each cached cell widens
@@ -159,7 +166,10 @@ class LlamaCppBackend:
     @property
     def context_length(self) -> int:
         """The most tokens one sequence may hold."""
-        return int(llama_cpp.llama_n_ctx_seq(self._context.ctx))
+        return self._within_training(int(llama_cpp.llama_n_ctx_seq(self._context.ctx)))
+
+    def _within_training(self, tokens: int) -> int:
+        return min(tokens, self._trained) if self._trained else tokens
 
     @property
     def max_sequences(self) -> int:

@@ -35,6 +35,8 @@ def forward_native_log(level: int, text: bytes, user_data: ctypes.c_void_p) -> N
     if level not in (GGML_LOG_WARN, GGML_LOG_ERROR):
         return
     message = text.decode("utf-8", errors="replace").strip()
+    if any(known in message for known in getattr(_captured, "expected", ())):
+        return
     capture: list[str] | None = getattr(_captured, "lines", None)
     if capture is not None:
         capture.append(message)
@@ -52,6 +54,17 @@ def captured_native_log() -> Iterator[list[str]]:
         yield lines
     finally:
         _captured.lines = None
+
+
+@contextmanager
+def expected_native_warnings(*fragments: str) -> Iterator[None]:
+    """Drop, on this thread, llama.cpp's lines that contain one of `fragments`:
+    warnings the caller has accounted for, which would only alarm an operator."""
+    _captured.expected = fragments
+    try:
+        yield
+    finally:
+        _captured.expected = ()
 
 
 def load_native_filter() -> ctypes.CDLL | None:
