@@ -74,6 +74,10 @@ def main() -> None:
         ),
     )
     unified = args.kv_layout == "unified"
+    # Both sides' first pass pays for CUDA's start-up (kernels, graphs): not a step's cost.
+    warm_up = [list(llama.tokenize(b"warm up", add_bos=True))] * 2
+    backend_run(backend, warm_up, 8)
+    raw.batched_tps(llama, warm_up, 8, threads, unified=unified)
     print(f"{'streams':>8} {'backend tok/s':>14} {'raw tok/s':>10} {'ratio':>6} "
           f"{'backend ms/step':>16} {'raw ms/step':>12}")  # fmt: skip
     for index, count in enumerate(streams):
