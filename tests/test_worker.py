@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import threading
 
 import pytest
 
@@ -55,3 +56,34 @@ def test_a_call_runs_while_background_work_goes_on() -> None:
         return steps_when_called
 
     assert asyncio.run(scenario()) < 100_000
+
+
+def test_calls_sent_during_a_step_all_run_before_the_next_one() -> None:
+    """A burst of requests must not wait one scheduler step per request ahead of it."""
+    steps_seen: list[int] = []
+
+    async def scenario() -> None:
+        worker = ModelWorker("test")
+        loop = asyncio.get_running_loop()
+        stepping, release = asyncio.Event(), threading.Event()
+        steps = 0
+
+        def step() -> bool:
+            nonlocal steps
+            steps += 1
+            if steps == 1:
+                loop.call_soon_threadsafe(stepping.set)
+                release.wait()  # a long forward pass, during which requests arrive
+            return steps < 1_000
+
+        worker.attach(step)
+        worker.submit(lambda: None)
+        await stepping.wait()
+        calls = [asyncio.ensure_future(worker.call(lambda: steps)) for _ in range(16)]
+        await asyncio.sleep(0.05)  # every call is in the inbox
+        release.set()
+        steps_seen.extend(await asyncio.gather(*calls))
+        worker.shutdown()
+
+    asyncio.run(scenario())
+    assert steps_seen == [1] * 16

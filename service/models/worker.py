@@ -193,16 +193,23 @@ class ModelWorker:
     def _run(self) -> None:
         more_background = False
         while True:
-            try:
-                task = self._inbox.get(block=not more_background)
-            except queue.Empty:
-                task = None
-            if task is _STOP:
-                return
-            if callable(task):
-                task()
+            for task in self._sent(wait=not more_background):
+                if task is _STOP:
+                    return
+                if callable(task):
+                    task()
             if self._background is not None:
                 more_background = self._step_background(self._background)
+
+    def _sent(self, wait: bool) -> list[Callable[[], None] | object]:
+        """Everything sent here so far, to run before the next step; with `wait`, at
+        least one item. Not one per step: each request of a burst makes short calls
+        (tokenizing, queueing), and one per step made the last of 64 streams wait
+        about a hundred steps for its first token."""
+        sent = [self._inbox.get()] if wait else []
+        for _ in range(self._inbox.qsize()):  # what arrives meanwhile waits a step
+            sent.append(self._inbox.get_nowait())
+        return sent
 
     @staticmethod
     def _step_background(step: Callable[[], bool]) -> bool:
