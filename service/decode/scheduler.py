@@ -113,16 +113,9 @@ class DecodeScheduler:
 
         Called before the backend closes (unloading, shutdown past the grace period).
         """
-        self._send_held()
-        self._flush()
-        self._failure = reason
         for request in self._active:
             self._stepper.finish(_sequence(request))
-            request.channel.close(Unavailable(f"{reason}; retry"))
-        for request in self._waiting:
-            request.channel.close(Unavailable(f"{reason}; retry"))
-        self._active.clear()
-        self._waiting.clear()
+        self._end_all(reason, running_error=Unavailable(f"{reason}; retry"))
 
     def _enqueue(self, request: _Request) -> None:
         if self._failure is not None:
@@ -202,13 +195,20 @@ class DecodeScheduler:
                 self._outbox.append((request.channel, message))
 
     def _fail_all(self, error: Exception) -> None:
+        reason = f"the model failed while generating ({error}); it is being reloaded"
+        self._end_all(reason, running_error=error)
+
+    def _end_all(self, reason: str, running_error: Exception) -> None:
+        """Close every request, running ones with `running_error`, waiting ones with
+        UNAVAILABLE, and refuse new ones for `reason`. What was produced before still
+        goes out first."""
         self._send_held()
-        self._flush()  # what was produced before the failure still goes out
-        self._failure = f"the model failed while generating ({error}); it is being reloaded"
+        self._flush()
+        self._failure = reason
         for request in self._active:
-            request.channel.close(error)
+            request.channel.close(running_error)
         for request in self._waiting:
-            request.channel.close(Unavailable(self._failure + "; retry"))
+            request.channel.close(Unavailable(f"{reason}; retry"))
         self._active.clear()
         self._waiting.clear()
 
