@@ -66,3 +66,14 @@ class TimedOut(ServiceError):
 
 class BackendFailure(ServiceError):
     code = grpc.StatusCode.INTERNAL
+
+
+def excerpt(text: str, limit: int = 64) -> str:
+    """`text` quoted for an error message or a log line, cut to about `limit` characters.
+
+    Client input can be megabytes long; messages and logs must stay bounded, so
+    anything the client sent is shown through this, never whole.
+    """
+    if len(text) <= limit:
+        return repr(text)
+    return f"{text[:limit]!r}... ({len(text)} characters)"
