@@ -33,8 +33,17 @@ class TextGenerator:
         self._pool = pool
         self._settings = settings
 
-    async def generate(self, request: GenerationRequest) -> AsyncIterator[GenerationEvent]:
-        received_at = time.monotonic()
+    async def generate(
+        self, request: GenerationRequest, received_at: float | None = None
+    ) -> AsyncIterator[GenerationEvent]:
+        """The events of one generation.
+
+        `received_at` (time.monotonic) is when the request reached the server: the
+        contract measures ttft_ms and queue_ms from there, so the caller takes it
+        before converting the request and waiting for a concurrency slot. None: now.
+        """
+        if received_at is None:
+            received_at = time.monotonic()
         async with self._pool.use(request.model) as model:
             prepared = await model.worker.call(lambda: self._prepare(model, request))
             yield prepared.started
