@@ -12,9 +12,11 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
 from service.backends.base import TextBackend
+from service.backends.failure import library_failure
 from service.chat_template import render_chat
 from service.config import Settings
 from service.decode.loop import DecodeEvent, DecodePlan, fit_max_tokens
+from service.errors import ServiceError
 from service.generation import Finished, GenerationEvent, GenerationRequest, Started
 from service.models.pool import LoadedModel, ModelPool
 from service.tools.base import ToolCallParser
@@ -84,13 +86,34 @@ class TextGenerator:
 def _prompt_ids(model: LoadedModel, request: GenerationRequest) -> list[int]:
     backend: TextBackend = model.text
     if request.prompt is not None:
-        return backend.tokenize(request.prompt, add_bos=backend.adds_bos)
+        return _tokenize(model, request.prompt, add_bos=backend.adds_bos)
     tokens = backend.template_tokens
-    text = render_chat(_template(model), request.messages, tokens, model.name, request.tools)
+    text = _render(model, request, tokens)
     # Templates that write the BOS token themselves must not get a second one.
     bos = tokens.get("bos_token", "")
     add_bos = backend.adds_bos and not (bos and text.startswith(bos))
-    return backend.tokenize(text, add_bos=add_bos)
+    return _tokenize(model, text, add_bos=add_bos)
+
+
+def _tokenize(model: LoadedModel, text: str, *, add_bos: bool) -> list[int]:
+    """The library's tokenizer; its failure is this request's (a tokenizer keeps no state)."""
+    try:
+        return model.text.tokenize(text, add_bos=add_bos)
+    except ServiceError:
+        raise
+    except Exception as exc:
+        raise library_failure(f"the tokenizer of model {model.name!r} failed", exc) from exc
+
+
+def _render(model: LoadedModel, request: GenerationRequest, tokens: dict[str, str]) -> str:
+    """The chat template rendered; a template that fails otherwise than by refusing
+    (see render_chat) is the model file's fault, and this request's alone."""
+    try:
+        return render_chat(_template(model), request.messages, tokens, model.name, request.tools)
+    except ServiceError:
+        raise
+    except Exception as exc:
+        raise library_failure(f"the chat template of model {model.name!r} failed", exc) from exc
 
 
 def _template(model: LoadedModel) -> str | None:

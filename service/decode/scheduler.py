@@ -11,8 +11,16 @@ between other calls (see `ModelWorker.attach`). A step:
    stop rules, max_tokens, deadline and events; finished requests leave.
 
 Requests beyond the waiting bound are refused at once with RESOURCE_EXHAUSTED.
-A backend step that raises fails every request in the batch with that error
-(the pool then discards the model) and those still waiting with UNAVAILABLE.
+
+Failures are told apart by where they happen (see `service.backends.failure`):
+- the library failing to start a sequence fails that request alone;
+- the library failing a step, or releasing a sequence, leaves the model in an
+  unknown state: every running request gets BackendFailure, those waiting get
+  UNAVAILABLE, new ones are refused, and `on_failure` tells the pool to discard
+  the model (a fresh copy serves the next request);
+- a bug of ours fails the requests it touched with the exception itself, which
+  the RPC layer answers with INTERNAL and logs with its traceback; the model
+  stays loaded.
 """
 
 from __future__ import annotations
@@ -21,6 +29,8 @@ import asyncio
 from collections import deque
 from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass
+
+import structlog
 
 from service.backends.base import (
     ActiveSequence,
@@ -32,10 +42,13 @@ from service.backends.base import (
     TextBackend,
     TokenStream,
 )
+from service.backends.failure import RELOADING, library_failure
 from service.decode.chunking import StreamChunker
 from service.decode.loop import DecodeEvent, DecodePlan, SequenceDecoder
 from service.errors import NotSupported, Overloaded, ServiceError, Unavailable
 from service.models.worker import Channel, ModelWorker
+
+log = structlog.get_logger("scheduler")
 
 
 @dataclass
@@ -48,6 +61,13 @@ class _Request:
     decoder: SequenceDecoder | None = None
 
 
+@dataclass(frozen=True)
+class _End:
+    """The end of a stream in the outbox: cleanly, or with `error`."""
+
+    error: Exception | None = None
+
+
 class DecodeScheduler:
     def __init__(
         self,
@@ -55,6 +75,9 @@ class DecodeScheduler:
         worker: ModelWorker,
         max_waiting: int,
         stream_interval: int = 1,
+        *,
+        name: str = "",
+        on_failure: Callable[[str], None] | None = None,
     ) -> None:
         self._backend = backend
         self._stepper = as_stepper(backend)
@@ -62,16 +85,30 @@ class DecodeScheduler:
         self._max_waiting = max_waiting
         # Tokens per streamed message after the first (see decode/chunking.py).
         self._stream_interval = stream_interval
+        self._name = name
+        # Called on the worker thread, with the reason, when the library failed a
+        # step: the model's state is unknown and it must not serve again.
+        self._on_failure = on_failure
         self._waiting: deque[_Request] = deque()
         self._active: list[_Request] = []
         self._failure: str | None = None
-        # Events (None: end of stream) waiting for the next flush, in order.
-        self._outbox: list[tuple[Channel[DecodeEvent], DecodeEvent | None]] = []
+        # Events and stream ends waiting for the next flush, in order.
+        self._outbox: list[tuple[Channel[DecodeEvent], DecodeEvent | _End]] = []
         worker.attach(self.step)
 
     @property
     def max_sequences(self) -> int:
         return self._stepper.max_sequences
+
+    @property
+    def running(self) -> int:
+        """Requests in the batch now (read from any thread: a snapshot)."""
+        return len(self._active)
+
+    @property
+    def waiting(self) -> int:
+        """Requests waiting for a place in the batch (a snapshot, like `running`)."""
+        return len(self._waiting)
 
     async def stream(self, plan: DecodePlan, received_at: float) -> AsyncIterator[DecodeEvent]:
         """The events of one generation; stopping early cancels it."""
@@ -91,10 +128,13 @@ class DecodeScheduler:
         made, so that with a GPU the event loop handles them while the model
         computes (see `Channel`).
         """
-        self._drop_cancelled()
-        self._admit_waiting()
-        if self._active:
-            self._advance()
+        try:
+            self._drop_cancelled()
+            self._admit_waiting()
+            if self._active:
+                self._advance()
+        except Exception as exc:  # a bug of ours: its requests fail, the model stays
+            self._end_running(exc)
         more = bool(self._active or self._waiting)
         if not more:
             self._flush()
@@ -102,11 +142,11 @@ class DecodeScheduler:
 
     def _flush(self) -> None:
         outbox, self._outbox = self._outbox, []
-        for channel, event in outbox:
-            if event is None:
-                channel.close()
+        for channel, item in outbox:
+            if isinstance(item, _End):
+                channel.close(item.error)
             else:
-                channel.send(event)
+                channel.send(item)
 
     def abort(self, reason: str) -> None:
         """End every request, running or waiting, with UNAVAILABLE; refuse new ones.
@@ -114,7 +154,7 @@ class DecodeScheduler:
         Called before the backend closes (unloading, shutdown past the grace period).
         """
         for request in self._active:
-            self._stepper.finish(_sequence(request))
+            self._finish_quietly(request)
         self._end_all(reason, running_error=Unavailable(f"{reason}; retry"))
 
     def _enqueue(self, request: _Request) -> None:
@@ -137,15 +177,15 @@ class DecodeScheduler:
 
     def _drop_cancelled(self) -> None:
         for request in [r for r in self._active if r.channel.cancelled.is_set()]:
-            self._retire(request)
+            if self._failure is None:  # retiring one may have failed the model
+                self._retire(request)
         self._waiting = deque(r for r in self._waiting if not r.channel.cancelled.is_set())
 
     def _admit_waiting(self) -> None:
         while self._waiting and len(self._active) < self._stepper.max_sequences:
             request = self._waiting[0]
-            plan = request.plan
             try:
-                sequence = self._stepper.start(_sequence_request(plan))
+                sequence = self._start(request.plan)
             except ServiceError as exc:  # this request cannot run; the others can
                 self._waiting.popleft().channel.close(exc)
                 continue
@@ -158,35 +198,70 @@ class DecodeScheduler:
                 return  # first come, first served: wait until room frees
             self._waiting.popleft()
             request.sequence = sequence
-            request.decoder = SequenceDecoder(
-                self._backend, plan, request.received_at, sequence.cached_prompt_tokens
-            )
             self._active.append(request)
+            try:
+                request.decoder = SequenceDecoder(
+                    self._backend, request.plan, request.received_at, sequence.cached_prompt_tokens
+                )
+            except Exception as exc:  # a bug of ours: this request fails, the others go on
+                self._retire(request, exc)
+                if self._failure is not None:
+                    return
+
+    def _start(self, plan: DecodePlan) -> ActiveSequence | None:
+        """The library's start; its failure is this request's, not the model's: nothing
+        ran yet, so the model serves the others on."""
+        try:
+            return self._stepper.start(_sequence_request(plan))
+        except ServiceError:
+            raise
+        except Exception as exc:
+            raise library_failure(
+                f"model {self._name!r} could not start this request", exc
+            ) from exc
 
     def _advance(self) -> None:
         active = list(self._active)
         try:
             tokens = self._stepper.step([_sequence(r) for r in active], self._flush)
-        except Exception as exc:
-            self._fail_all(exc)
+        except Exception as exc:  # the library's: the model's state is unknown now
+            self._fail_model(exc)
             return
         for request, sampled in zip(active, tokens, strict=True):
+            if self._failure is not None:  # retiring an earlier one failed the model
+                return
             if sampled is not None:
                 self._deliver(request, sampled)
 
     def _deliver(self, request: _Request, sampled: Sampled) -> None:
         decoder = request.decoder
         assert decoder is not None  # set when the request became active
-        for event in decoder.push(sampled.token, sampled.logprob):
-            for message in request.chunker.push(event):
-                self._outbox.append((request.channel, message))
+        try:
+            for event in decoder.push(sampled.token, sampled.logprob):
+                for message in request.chunker.push(event):
+                    self._outbox.append((request.channel, message))
+        except Exception as exc:  # a bug of ours: this request fails, the others go on
+            self._retire(request, exc)
+            return
         if decoder.done:
             self._retire(request)
 
-    def _retire(self, request: _Request) -> None:
+    def _retire(self, request: _Request, error: Exception | None = None) -> None:
+        """Take a request out of the batch, ending its stream (with `error` if set)
+        after what it already produced, and release its sequence."""
         self._active.remove(request)
-        self._stepper.finish(_sequence(request))
-        self._outbox.append((request.channel, None))
+        self._outbox.append((request.channel, _End(error)))
+        try:
+            self._stepper.finish(_sequence(request))
+        except Exception as exc:  # the library's: the model's cache state is unknown
+            self._fail_model(exc)
+
+    def _finish_quietly(self, request: _Request) -> None:
+        """Release a sequence of a batch that ends anyway; a failure changes nothing."""
+        try:
+            self._stepper.finish(_sequence(request))
+        except Exception:
+            log.warning("releasing a sequence failed", model=self._name, exc_info=True)
 
     def _send_held(self) -> None:
         """Queue the deltas each running request still holds back for its next message."""
@@ -194,9 +269,23 @@ class DecodeScheduler:
             for message in request.chunker.drain():
                 self._outbox.append((request.channel, message))
 
-    def _fail_all(self, error: Exception) -> None:
-        reason = f"the model failed while generating ({error}); it is being reloaded"
-        self._end_all(reason, running_error=error)
+    def _fail_model(self, error: Exception) -> None:
+        """The library failed a step: end everything, and have the model discarded."""
+        failure = library_failure(f"model {self._name!r} failed while generating", error, RELOADING)
+        if self._on_failure is not None:  # first, so the pool drops it before clients hear
+            self._on_failure(failure.message)
+        self._end_all(f"model {self._name!r} failed and is being reloaded", failure)
+
+    def _end_running(self, error: Exception) -> None:
+        """A bug of ours struck mid-step: the running requests end with it; those
+        waiting stay, and the model serves on."""
+        log.error("scheduler step failed", model=self._name, exc_info=error)
+        for request in list(self._active):
+            self._outbox.append((request.channel, _End(error)))
+            if request.sequence is not None:
+                self._finish_quietly(request)
+        self._active.clear()
+        self._flush()
 
     def _end_all(self, reason: str, running_error: Exception) -> None:
         """Close every request, running ones with `running_error`, waiting ones with

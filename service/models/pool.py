@@ -7,22 +7,31 @@
 - Loading evicts least-recently-used idle models until the new one fits. A
   model with a request in progress is never evicted; a load waits up to
   `load_wait` seconds for one to go idle, then fails with RESOURCE_EXHAUSTED.
-- Loads happen one at a time, so concurrent requests for a model that is not
-  loaded trigger one load, and the budget arithmetic never races.
-- A model whose backend failed mid-request is discarded: new requests load a
-  fresh copy, and the broken one is closed once its last user leaves.
+- A model has at most one load in progress: concurrent requests for it share
+  that load and its outcome; after a failed load the next request tries again.
+- Loads of different models run side by side. A load reserves its estimate as
+  soon as it has room, before it evicts or loads anything; every plan counts
+  reservations, and models out of the pool but not yet closed, as busy. So the
+  budget arithmetic holds without a lock, and a load that fits in what is free
+  goes ahead at once while another waits for busy models. Waiting loads look
+  again whenever a request ends, a load ends, or a model is closed.
+- A model whose library failed mid-request is discarded: new requests load a
+  fresh copy, and the broken one is closed once its last user leaves (its
+  memory counts until then). Other exceptions pass through untouched: the
+  model stays (see `service.backends.failure`).
 - Idle models are unloaded after `keep_alive` seconds, except the default.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import time
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
-from typing import cast
+from typing import Any, cast
 
 import structlog
 
@@ -30,13 +39,7 @@ from service.admission import Capability, Decision
 from service.admission.gates import LLAMA_CPP
 from service.backends.base import TextBackend
 from service.decode.scheduler import DecodeScheduler
-from service.errors import (
-    BackendFailure,
-    NotSupported,
-    Overloaded,
-    ServiceError,
-    Unavailable,
-)
+from service.errors import NotSupported, Overloaded, Unavailable
 from service.images.backend import ImageBackend
 from service.models.catalog import Catalog, ModelSpec
 from service.models.memory import MemoryNeed, format_bytes
@@ -61,7 +64,11 @@ class PoolLimits:
     max_waiting_sequences: int = 64
 
 
-@dataclass
+def _nobody(why: str) -> None:
+    """A failure hook for a model that is in no pool (tests build such models)."""
+
+
+@dataclass(eq=False)  # models are told apart by identity: a reload is another model
 class LoadedModel:
     spec: ModelSpec
     backend: Backend
@@ -75,10 +82,19 @@ class LoadedModel:
     broken: bool = False
     # A text model's decode loop, batching its concurrent generations.
     scheduler: DecodeScheduler | None = None
+    # Set once its closing began; it serves nothing after.
+    closing: bool = False
+    # Tells the pool, from any thread, that the library failed inside this model.
+    failure_hook: Callable[[str], None] = _nobody
 
     @property
     def name(self) -> str:
         return self.spec.name
+
+    def report_failure(self, why: str) -> None:
+        """The library failed and left this model in an unknown state: have the pool
+        discard it. Callable from the worker thread."""
+        self.failure_hook(why)
 
     def ensure_usable(self) -> None:
         """Call on the worker before using the backend: it may have failed meanwhile."""
@@ -113,6 +129,18 @@ class Plan:
     evict: tuple[str, ...]  # idle models to unload, least recently used first
     blocked_by_busy: bool  # room exists only once busy models finish
     device_need: int = 0
+
+
+@dataclass(eq=False)
+class _Load:
+    """A model's load in progress: the task every request for the model awaits, and
+    the memory reserved for it (nothing until it has room)."""
+
+    name: str
+    task: asyncio.Task[None] | None = None
+    host_bytes: int = 0
+    device_bytes: int = 0
+    waiting_for_memory: bool = False
 
 
 @dataclass
@@ -153,8 +181,12 @@ class ModelPool:
         self._admit = admitter
         self._loader = loader
         self._loaded: dict[str, LoadedModel] = {}  # least recently used first
-        self._load_lock = asyncio.Lock()
-        self._released = asyncio.Condition()
+        self._loading: dict[str, _Load] = {}
+        # Out of the pool, still in memory: evicted ones closing, broken ones in use.
+        self._leaving: dict[int, LoadedModel] = {}
+        # Set, and replaced, whenever memory may have been freed (see `_changed`).
+        self._change = asyncio.Event()
+        self._background: set[asyncio.Task[Any]] = set()
         self._housekeeping: asyncio.Task[None] | None = None
 
     # --- what is loaded ------------------------------------------------------------
@@ -162,11 +194,30 @@ class ModelPool:
     def loaded(self) -> list[LoadedModel]:
         return list(self._loaded.values())
 
+    def loading(self) -> list[str]:
+        """Models being loaded now, waiting for memory or not."""
+        return list(self._loading)
+
+    def waiting_for_memory(self) -> list[str]:
+        """Loads waiting for busy models to finish before they fit."""
+        return [load.name for load in self._loading.values() if load.waiting_for_memory]
+
     def used_bytes(self) -> int:
-        return sum(model.memory_bytes for model in self._loaded.values())
+        """Host memory held: loaded models, loads in progress, models not yet closed."""
+        return sum(m.memory_bytes for m in self._loaded.values()) + self._held("")[0]
 
     def used_device_bytes(self) -> int:
-        return sum(model.device_bytes for model in self._loaded.values())
+        return sum(m.device_bytes for m in self._loaded.values()) + self._held("")[1]
+
+    def _held(self, name: str) -> tuple[int, int, int]:
+        """(host bytes, GPU bytes, models) held outside `_loaded` and not by `name`'s own
+        load: reservations of loads in progress and models leaving. None is evictable."""
+        loads = [load for load in self._loading.values() if load.name != name]
+        leaving = list(self._leaving.values())
+        host = sum(load.host_bytes for load in loads) + sum(m.memory_bytes for m in leaving)
+        device = sum(load.device_bytes for load in loads) + sum(m.device_bytes for m in leaving)
+        reserved = sum(1 for load in loads if load.host_bytes or load.device_bytes)
+        return host, device, reserved + len(leaving)
 
     def plan(self, need: int, name: str = "", device_need: int = 0) -> Plan:
         """Which idle models would go to make room for a model (nothing changes).
@@ -178,11 +229,18 @@ class ModelPool:
         if need > self.limits.budget_bytes or over_device:
             return Plan(need, False, evict=(), blocked_by_busy=False, device_need=device_need)
         others = [m for m in self._loaded.values() if m.name != name]
-        free = self.limits.budget_bytes - sum(m.memory_bytes for m in others)
+        held, device_held, held_models = self._held(name)
+        free = self.limits.budget_bytes - sum(m.memory_bytes for m in others) - held
         device_free = (
-            None if device_budget is None else device_budget - sum(m.device_bytes for m in others)
+            None
+            if device_budget is None
+            else device_budget - sum(m.device_bytes for m in others) - device_held
         )
-        slots = None if self.limits.max_models is None else self.limits.max_models - len(others)
+        slots = (
+            None
+            if self.limits.max_models is None
+            else self.limits.max_models - len(others) - held_models
+        )
 
         def enough() -> bool:
             device_ok = device_free is None or device_free >= device_need
@@ -207,40 +265,39 @@ class ModelPool:
     ) -> AsyncIterator[LoadedModel]:
         """The loaded model for `name`, loading it if needed, held for one request.
 
-        An exception other than a ServiceError leaving the block means the library
-        failed inside the model, whose state is then unknown: the model is
-        discarded and the request gets INTERNAL saying so.
+        Exceptions leave the block as they came: a library failure was already
+        turned into BackendFailure where it happened, and the model discarded if
+        its state is unknown (see `LoadedModel.report_failure`).
         """
         model = await self.get(name, capability)
         model.active_requests += 1
         try:
             yield model
-        except ServiceError:
-            raise
-        except Exception as exc:
-            failure = f"{type(exc).__name__}: {exc}"
-            await self.discard(model, failure)
-            raise BackendFailure(
-                f"model {model.name!r} failed while generating ({failure}); it was unloaded, "
-                "and the next request loads it afresh"
-            ) from exc
         finally:
             model.active_requests -= 1
             model.last_used = time.time()
             await self._after_release(model)
 
     async def get(self, name: str, capability: Capability = Capability.TEXT) -> LoadedModel:
-        spec = self.catalog.resolve(name)
-        model = self._loaded.get(spec.name)
-        if model is not None:
-            self._touch(model)
-            return model
-        async with self._load_lock:
+        spec = await self._resolve(name)
+        while True:
             model = self._loaded.get(spec.name)
             if model is not None:
                 self._touch(model)
                 return model
-            return await self._admit_and_load(spec, capability)
+            load = self._loading.get(spec.name) or self._start_load(spec, capability)
+            assert load.task is not None  # set when the load started
+            # Shielded: a request that goes away leaves the load to the others. The
+            # model may be evicted before this request looks again: then it loads anew.
+            await asyncio.shield(load.task)
+
+    async def _resolve(self, name: str) -> ModelSpec:
+        """The spec for `name`: a dict lookup for configured names; a reference is
+        resolved off the event loop (it reads the disk and the hub cache)."""
+        spec = self.catalog.configured(name)
+        if spec is not None:
+            return spec
+        return await asyncio.to_thread(self.catalog.resolve, name)
 
     async def admission(self, spec: ModelSpec, capability: Capability) -> Decision:
         """Admission for a spec, computed off the event loop (it reads files)."""
@@ -249,23 +306,53 @@ class ModelPool:
 
     async def discard(self, model: LoadedModel, why: str) -> None:
         """Take a broken model out of the pool; it is closed when its last user leaves."""
+        if self._discard_now(model, why):
+            await self._after_release(model)
+
+    def _discard_now(self, model: LoadedModel, why: str) -> bool:
+        """Mark it broken and out of the pool at once; whether it was not already."""
         if model.broken:
-            return
+            return False
         model.broken = True
         if self._loaded.get(model.name) is model:
             del self._loaded[model.name]
+        if not model.closing:
+            self._leaving[id(model)] = model
         log.warning("model discarded", model=model.name, reason=why)
-        await self._after_release(model)
+        return True
+
+    def _discard_soon(self, model: LoadedModel, why: str) -> None:
+        """`discard`, from a callback on the event loop."""
+        if self._discard_now(model, why):
+            task = asyncio.create_task(self._after_release(model))
+            self._background.add(task)
+            task.add_done_callback(self._background.discard)
 
     # --- loading and unloading ----------------------------------------------------
 
-    async def _admit_and_load(self, spec: ModelSpec, capability: Capability) -> LoadedModel:
+    def _start_load(self, spec: ModelSpec, capability: Capability) -> _Load:
+        load = self._loading[spec.name] = _Load(spec.name)
+        load.task = asyncio.create_task(self._run_load(load, spec, capability))
+        load.task.add_done_callback(_retrieve)
+        return load
+
+    async def _run_load(self, load: _Load, spec: ModelSpec, capability: Capability) -> None:
+        try:
+            model = await self._admit_and_load(load, spec, capability)
+            self._loaded[spec.name] = model  # in the same step the reservation goes
+        finally:
+            del self._loading[spec.name]
+            self._changed()
+
+    async def _admit_and_load(
+        self, load: _Load, spec: ModelSpec, capability: Capability
+    ) -> LoadedModel:
         source = await asyncio.to_thread(spec.locate)
         decision = await asyncio.to_thread(self._admit, source, capability)
         if not decision.admitted:
             raise NotSupported(f"model {spec.name!r} cannot be served: {decision.reason}")
         need = memory_need(decision, spec)
-        await self._make_room(spec.name, need.host_bytes, need.device_bytes)
+        await self._make_room(load, need.host_bytes, need.device_bytes)
         worker = ModelWorker(spec.name)
         started = time.monotonic()
         try:
@@ -275,20 +362,7 @@ class ModelPool:
             raise
         seconds = time.monotonic() - started
         self.stats.load_seconds[spec.name] = self.stats.load_seconds.get(spec.name, 0.0) + seconds
-        model = LoadedModel(
-            spec,
-            backend,
-            worker,
-            memory_bytes=need.host_bytes,
-            capability=capability,
-            device_bytes=need.device_bytes,
-        )
-        if capability is Capability.TEXT:
-            text = cast(TextBackend, backend)
-            model.scheduler = DecodeScheduler(
-                text, worker, self.limits.max_waiting_sequences, model.spec.stream_interval
-            )
-        self._loaded[spec.name] = model
+        model = self._assemble(spec, backend, worker, need, capability)
         self.stats.loads[spec.name] = self.stats.loads.get(spec.name, 0) + 1
         log.info(
             "model loaded",
@@ -299,46 +373,117 @@ class ModelPool:
         )
         return model
 
-    async def _make_room(self, name: str, need: int, device_need: int = 0) -> None:
-        deadline = time.monotonic() + self.limits.load_wait
-        while True:
-            plan = self.plan(need, name, device_need)
-            if not plan.fits_at_all:
-                raise Overloaded(f"model {name!r} {too_big(plan, self.limits)}")
-            if not plan.blocked_by_busy:
-                for victim in plan.evict:
-                    await self._unload(self._loaded[victim], "evicted to make room")
-                return
-            # Evicting idle models would not be enough: evict nothing until it is.
-            remaining = deadline - time.monotonic()
-            if remaining <= 0 or not await self._wait_for_release(remaining):
-                busy = [m.name for m in self._loaded.values() if m.active_requests]
-                on_gpu = f" and {format_bytes(device_need)} of GPU memory" if device_need else ""
-                raise Overloaded(
-                    f"model {name!r} needs about {format_bytes(need)}{on_gpu} and the memory is "
-                    f"held by models serving requests ({', '.join(busy)}); waited "
-                    f"{self.limits.load_wait:g} s for them to finish. Retry later."
-                )
+    def _assemble(
+        self,
+        spec: ModelSpec,
+        backend: Backend,
+        worker: ModelWorker,
+        need: MemoryNeed,
+        capability: Capability,
+    ) -> LoadedModel:
+        model = LoadedModel(
+            spec,
+            backend,
+            worker,
+            memory_bytes=need.host_bytes,
+            capability=capability,
+            device_bytes=need.device_bytes,
+        )
+        loop = asyncio.get_running_loop()
 
-    async def _wait_for_release(self, timeout: float) -> bool:
-        async with self._released:
-            try:
-                await asyncio.wait_for(self._released.wait(), timeout)
-            except TimeoutError:
-                return False
+        def discard_from_worker(why: str) -> None:
+            with contextlib.suppress(RuntimeError):  # the event loop is gone: shutting down
+                loop.call_soon_threadsafe(self._discard_soon, model, why)
+
+        model.failure_hook = discard_from_worker
+        if capability is Capability.TEXT:
+            model.scheduler = DecodeScheduler(
+                cast(TextBackend, backend),
+                worker,
+                self.limits.max_waiting_sequences,
+                spec.stream_interval,
+                name=spec.name,
+                on_failure=discard_from_worker,
+            )
+        return model
+
+    async def _make_room(self, load: _Load, need: int, device_need: int = 0) -> None:
+        """Wait until `need` fits, then reserve it and evict what must go for it."""
+        deadline = time.monotonic() + self.limits.load_wait
+        try:
+            while True:
+                plan = self.plan(need, load.name, device_need)
+                if not plan.fits_at_all:
+                    raise Overloaded(f"model {load.name!r} {too_big(plan, self.limits)}")
+                if not plan.blocked_by_busy:
+                    # Reserved before the first await, so no other plan counts it free.
+                    load.host_bytes, load.device_bytes = need, device_need
+                    await self._evict(plan.evict, "evicted to make room")
+                    return
+                # Evicting idle models would not be enough: evict nothing until it is.
+                load.waiting_for_memory = True
+                remaining = deadline - time.monotonic()
+                if remaining <= 0 or not await self._wait_for_change(remaining):
+                    raise Overloaded(self._busy_message(load.name, need, device_need))
+        finally:
+            load.waiting_for_memory = False
+
+    def _busy_message(self, name: str, need: int, device_need: int) -> str:
+        busy = [m.name for m in self._loaded.values() if m.active_requests]
+        busy += [load.name for load in self._loading.values() if load.name != name]
+        busy += [m.name for m in self._leaving.values()]
+        on_gpu = f" and {format_bytes(device_need)} of GPU memory" if device_need else ""
+        return (
+            f"model {name!r} needs about {format_bytes(need)}{on_gpu} and the memory is "
+            f"held by models serving requests, loading or closing ({', '.join(busy)}); "
+            f"waited {self.limits.load_wait:g} s for them to finish. Retry later."
+        )
+
+    async def _wait_for_change(self, timeout: float) -> bool:
+        """Wait until memory may have been freed; False when `timeout` passed first.
+
+        The event is taken before the first await, so a change made after the
+        caller's plan always wakes it.
+        """
+        change = self._change
+        try:
+            await asyncio.wait_for(change.wait(), timeout)
+        except TimeoutError:
+            return False
         return True
+
+    def _changed(self) -> None:
+        """Wake every waiting load: memory may have been freed."""
+        self._change.set()
+        self._change = asyncio.Event()
 
     async def _after_release(self, model: LoadedModel) -> None:
         if model.broken and model.active_requests == 0:
-            await self._close(model)
-        async with self._released:
-            self._released.notify_all()
+            await self._close_leaving(model)
+        self._changed()
 
-    async def _unload(self, model: LoadedModel, why: str) -> None:
-        del self._loaded[model.name]
-        self.stats.evictions.append(model.name)
-        log.info("model unloaded", model=model.name, reason=why)
-        await self._close(model)
+    async def _evict(self, names: tuple[str, ...] | list[str], why: str) -> None:
+        """Take the models out of the pool at once, then close them one by one."""
+        models = [self._loaded.pop(name) for name in names]
+        for model in models:
+            self._leaving[id(model)] = model
+            self.stats.evictions.append(model.name)
+            log.info("model unloaded", model=model.name, reason=why)
+        for model in models:
+            await self._close_leaving(model)
+
+    async def _close_leaving(self, model: LoadedModel) -> None:
+        """Close a model out of the pool, once; its memory is free after."""
+        if model.closing:
+            return
+        model.closing = True
+        try:
+            await self._close(model)
+        except Exception:  # nothing more can be done for it; its memory is let go
+            log.exception("closing a model failed", model=model.name)
+        finally:
+            self._leaving.pop(id(model), None)
+            self._changed()
 
     async def _close(self, model: LoadedModel) -> None:
         scheduler = model.scheduler
@@ -363,17 +508,14 @@ class ModelPool:
         """Unload models idle longer than the keep-alive, except the default model."""
         cutoff = time.time() - self.limits.keep_alive
         idle = [
-            model
+            model.name
             for model in self._loaded.values()
             if model.active_requests == 0
             and model.last_used < cutoff
             and model.name != self.catalog.default_model
         ]
-        async with self._load_lock:
-            for model in idle:
-                if self._loaded.get(model.name) is model and model.active_requests == 0:
-                    await self._unload(model, f"idle for {self.limits.keep_alive:g} s")
-        return [model.name for model in idle]
+        await self._evict(idle, f"idle for {self.limits.keep_alive:g} s")
+        return idle
 
     async def _unload_idle_forever(self) -> None:
         period = min(max(self.limits.keep_alive / 4, 0.05), 30.0)
@@ -384,9 +526,22 @@ class ModelPool:
     async def close(self) -> None:
         if self._housekeeping is not None:
             self._housekeeping.cancel()
-        models, self._loaded = list(self._loaded.values()), {}
+        for load in list(self._loading.values()):
+            if load.task is not None:
+                load.task.cancel()
+        models = [*self._loaded.values(), *self._leaving.values()]
+        self._loaded, self._leaving = {}, {}
         for model in models:
-            await self._close(model)
+            if not model.closing:
+                model.closing = True
+                await self._close(model)
+
+
+def _retrieve(task: asyncio.Task[None]) -> None:
+    """Mark a load's failure as seen: the requests that awaited it got it already,
+    and with none left it would be reported as never retrieved."""
+    if not task.cancelled():
+        task.exception()
 
 
 def too_big(plan: Plan, limits: PoolLimits) -> str:
