@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from service.decode.text import StopMatcher, TextAssembler
+from service.decode.text import Released, TextAssembler, earliest_stop
 
 
 def feed(assembler: TextAssembler, pieces: list[bytes]) -> tuple[str, str | None]:
@@ -26,8 +26,8 @@ def test_partial_stop_prefix_is_released_when_it_does_not_complete() -> None:
 
 
 def test_earliest_of_several_stops_wins() -> None:
-    matcher = StopMatcher(("world", "lo w"))
-    assert matcher.push("hello world") == ("hel", "lo w")
+    assert earliest_stop("hello world", ("world", "lo w")) == (3, "lo w")
+    assert earliest_stop("hello", ("world",)) is None
 
 
 def test_utf8_character_split_across_tokens_is_never_split_in_deltas() -> None:
@@ -36,15 +36,16 @@ def test_utf8_character_split_across_tokens_is_never_split_in_deltas() -> None:
     first = assembler.push(1, b"a" + snowman[:1])
     second = assembler.push(2, snowman[1:2])
     third = assembler.push(3, snowman[2:] + b"b")
-    assert [first.text, second.text, third.text] == ["a", "", "☃b"]
-    # Token ids travel with the text they complete.
-    assert [first.token_ids, second.token_ids, third.token_ids] == [(1,), (), (2, 3)]
+    # Token 1's bytes end inside the snowman, so its "a" waits for the token
+    # that completes the character: the ids of a delta spell exactly its text.
+    assert [first.text, second.text, third.text] == ["", "", "a☃b"]
+    assert [first.token_ids, second.token_ids, third.token_ids] == [(), (), (1, 2, 3)]
 
 
 def test_invalid_utf8_is_replaced_at_the_end() -> None:
     assembler = TextAssembler()
-    assembler.push(1, b"ok\xe2\x98")
-    assert assembler.flush().text == "\ufffd"
+    assert assembler.push(1, b"ok\xe2\x98") == Released("", ())
+    assert assembler.flush() == Released("ok\ufffd", (1,))
 
 
 def test_tokens_that_only_form_a_stop_sequence_are_dropped() -> None:

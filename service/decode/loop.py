@@ -5,8 +5,7 @@ length budget. `SequenceDecoder` owns everything about one request that must
 behave the same whatever library runs the model: end-of-generation tokens,
 stop sequences, max_tokens, the wall-clock ceiling, time-to-first-token and
 usage counts. The scheduler (`service.decode.scheduler`) feeds it the tokens a
-backend sampled, one at a time; `decode` does the same for a single request
-on a streaming backend.
+backend sampled, one at a time.
 
 Everything here runs on the model's worker thread.
 """
@@ -108,8 +107,9 @@ class SequenceDecoder:
         limit = plan.time_limit_s
         self._deadline = None if limit is None else self._progress.started_at + limit
         self._assembler = TextAssembler(plan.stop)
-        # Logprobs of the tokens the assembler still holds back, in order.
-        self._held_logprobs: list[TokenLogprob] = []
+        # One entry per token the assembler still holds back, in order (None
+        # when the request did not ask for logprobs), so they leave with their ids.
+        self._held_logprobs: list[TokenLogprob | None] = []
         self.done = False
 
     def push(self, token: int, logprob: TokenLogprob | None = None) -> list[DecodeEvent]:
@@ -119,9 +119,9 @@ class SequenceDecoder:
             progress.first_token_at = now
         if self._backend.is_end_of_generation(token):
             return self._finish(FinishReason.END_OF_TURN)
+        # Counted even when it turns out to be part of a stop and is never streamed.
         progress.completion_tokens += 1
-        if logprob is not None:
-            self._held_logprobs.append(logprob)
+        self._held_logprobs.append(logprob)
         released = self._assembler.push(token, self._backend.token_bytes(token))
         events: list[DecodeEvent] = list(self._delta(released))
         if released.stop_sequence is not None:
@@ -154,10 +154,14 @@ class SequenceDecoder:
         return events
 
     def _delta(self, released: Released) -> Iterator[Delta]:
-        # The assembler releases every token it held at once (or drops them all
-        # with a stop sequence), so the held logprobs go the same way.
-        logprobs = tuple(self._held_logprobs[: len(released.token_ids)])
-        if released.token_ids or released.stop_sequence is not None:
+        # The assembler releases its oldest tokens first and drops all the rest
+        # at a stop, so the logprobs of the released ids are the oldest held.
+        count = len(released.token_ids)
+        sent = [entry for entry in self._held_logprobs[:count] if entry is not None]
+        if released.stop_sequence is not None:
             self._held_logprobs.clear()
-        if released.text:
-            yield Delta(released.text, released.token_ids, logprobs)
+        else:
+            del self._held_logprobs[:count]
+        # A token with no text of its own (a special token) still goes out.
+        if released.text or released.token_ids:
+            yield Delta(released.text, released.token_ids, tuple(sent))

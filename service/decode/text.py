@@ -4,6 +4,13 @@ Two things hold text back before it may leave the server:
 - an incomplete UTF-8 character (a token may end in the middle of one);
 - a tail that could still grow into a stop sequence (stop sequences are
   matched across token boundaries and never sent).
+
+Text leaves together with the ids of exactly the tokens that wrote it, so a
+client that joins the bytes of a delta's tokens gets the delta's text. To keep
+that true, tokens are grouped into units: consecutive tokens whose bytes end on
+a character boundary (usually one token; several when a character is split
+across tokens). Only whole units are released, except at a matched stop: see
+`TextAssembler`.
 """
 
 from __future__ import annotations
@@ -14,7 +21,7 @@ from dataclasses import dataclass, field
 
 @dataclass(frozen=True)
 class Released:
-    """Text that may be sent now, the tokens it completes, and a matched stop."""
+    """Text that may be sent now, the tokens that wrote it, and a matched stop."""
 
     text: str
     token_ids: tuple[int, ...]
@@ -32,66 +39,96 @@ def _held_suffix_length(text: str, stops: tuple[str, ...]) -> int:
     return longest
 
 
+def releasable_length(text: str, stops: tuple[str, ...]) -> int:
+    """How much of `text` (with no stop in it) can no longer become part of a stop."""
+    return len(text) - _held_suffix_length(text, stops)
+
+
+def earliest_stop(text: str, stops: tuple[str, ...]) -> tuple[int, str] | None:
+    """Where the first stop in `text` begins, and which one."""
+    found = [(text.find(stop), stop) for stop in stops]
+    hits = [(position, stop) for position, stop in found if position >= 0]
+    return min(hits) if hits else None
+
+
 @dataclass
-class StopMatcher:
-    """Finds stop sequences in text that arrives in pieces."""
+class _Unit:
+    """Consecutive tokens whose bytes together end on a character boundary."""
 
-    stops: tuple[str, ...]
-    _pending: str = ""
-
-    def push(self, text: str) -> tuple[str, str | None]:
-        """Add text; return what is safe to release and the stop that matched."""
-        self._pending += text
-        match = self._earliest_match()
-        if match is not None:
-            position, stop = match
-            released = self._pending[:position]
-            self._pending = ""
-            return released, stop
-        held = _held_suffix_length(self._pending, self.stops)
-        cut = len(self._pending) - held
-        released, self._pending = self._pending[:cut], self._pending[cut:]
-        return released, None
-
-    def flush(self) -> str:
-        released, self._pending = self._pending, ""
-        return released
-
-    def _earliest_match(self) -> tuple[int, str] | None:
-        found = [(self._pending.find(stop), stop) for stop in self.stops]
-        hits = [(position, stop) for position, stop in found if position >= 0]
-        return min(hits) if hits else None
+    ids: list[int]
+    text: str
 
 
 @dataclass
 class TextAssembler:
-    """Decodes token bytes incrementally and applies the stop sequences."""
+    """Decodes token bytes incrementally and applies the stop sequences.
+
+    Without a stop, text goes out a whole unit at a time, as soon as no stop
+    can begin inside it; a unit that only partly could waits for later tokens.
+    When a stop matches, the text before it goes out: units wholly before the
+    stop with their ids, the tokens of the stop (and anything after it) are
+    dropped. A token that straddles the start of the stop (stop "\\n\\n",
+    token ".\\n\\n") is the one exception: its text before the stop is sent
+    without its id, since its id would stand for the stop's text too.
+    `flush` releases everything still held, with all its ids.
+    """
 
     stops: tuple[str, ...] = ()
     _decoder: codecs.IncrementalDecoder = field(
         default_factory=lambda: codecs.getincrementaldecoder("utf-8")(errors="replace")
     )
-    _matcher: StopMatcher = field(init=False)
-    _pending_ids: list[int] = field(default_factory=list)
+    # Held units, oldest first; the last is open while it ends inside a character.
+    _units: list[_Unit] = field(default_factory=list)
+    _open: bool = False
 
     def __post_init__(self) -> None:
-        self._matcher = StopMatcher(self.stops)
+        # An empty stop would match before any text; requests cannot send one.
+        self.stops = tuple(stop for stop in self.stops if stop)
 
     def push(self, token_id: int, piece: bytes) -> Released:
-        self._pending_ids.append(token_id)
-        text, stop = self._matcher.push(self._decoder.decode(piece))
-        return self._release(text, stop)
+        """Add one token; return what may be sent now."""
+        text = self._decoder.decode(piece)
+        if self._open:
+            self._units[-1].ids.append(token_id)
+            self._units[-1].text += text
+        else:
+            self._units.append(_Unit([token_id], text))
+        self._open = self._decoder.getstate()[0] != b""
+        return self._release(final=False)
 
     def flush(self) -> Released:
         """Release everything held back; called when generation ends without a stop."""
-        tail = self._decoder.decode(b"", final=True)
-        text, stop = self._matcher.push(tail)
-        return self._release(text + ("" if stop else self._matcher.flush()), stop)
+        tail = self._decoder.decode(b"", final=True)  # a cut-off character: U+FFFD
+        if self._open:
+            self._units[-1].text += tail
+        self._open = False
+        return self._release(final=True)
 
-    def _release(self, text: str, stop: str | None) -> Released:
-        if not text and stop is None:
-            return Released("", ())
-        # Tokens that only make up a stop sequence are dropped with it.
-        ids = tuple(self._pending_ids) if text else ()
-        self._pending_ids.clear()
-        return Released(text, ids, stop)
+    def _release(self, final: bool) -> Released:
+        text = "".join(unit.text for unit in self._units)
+        match = earliest_stop(text, self.stops)
+        if match is not None:
+            return self._cut_at_stop(text, *match)
+        limit = len(text) if final else releasable_length(text, self.stops)
+        return self._take_units(limit)
+
+    def _take_units(self, limit: int) -> Released:
+        """Release the leading closed units whose text ends within `limit` characters."""
+        closed = len(self._units) - (1 if self._open else 0)
+        count, length = 0, 0
+        while count < closed and length + len(self._units[count].text) <= limit:
+            length += len(self._units[count].text)
+            count += 1
+        taken, self._units = self._units[:count], self._units[count:]
+        return Released("".join(u.text for u in taken), tuple(i for u in taken for i in u.ids))
+
+    def _cut_at_stop(self, text: str, position: int, stop: str) -> Released:
+        ids: list[int] = []
+        length = 0
+        for unit in self._units:
+            if length + len(unit.text) > position:
+                break  # this unit holds (part of) the stop; it and the rest are not sent
+            ids.extend(unit.ids)
+            length += len(unit.text)
+        self._units, self._open = [], False
+        return Released(text[:position], tuple(ids), stop)
