@@ -402,10 +402,19 @@ export declare type TextDelta = Message<"inference.v1.TextDelta"> & {
   text: string;
 
   /**
-   * The tokens whose text this delta completes. Text is held back while it
-   * could still become a stop sequence or ends inside a UTF-8 character, so
-   * one delta may carry several tokens. Tokens that only make up a matched
-   * stop sequence are never sent.
+   * The tokens that wrote exactly this delta's text: their bytes
+   * (TokenLogprob.token) joined and decoded as UTF-8 (invalid bytes as
+   * U+FFFD) give `text`. Each token is sent once, in order. Text is held back while it could still become a stop sequence or
+   * ends inside a UTF-8 character, always up to a token boundary, so one
+   * delta may carry several tokens, and a token with no text of its own (a
+   * special token) comes with empty text. When a stop sequence matches, the
+   * tokens of the stop are never sent. The one exception to the rule is a
+   * token that straddles the start of the stop (stop "\n\n" and token
+   * ".\n\n"; or the tokens of a character split across tokens, the last of
+   * which starts the stop): its text before the stop still ends the last
+   * delta, but its id does not, since that token also wrote the stop. So
+   * joining the bytes of all streamed token_ids gives all the streamed text,
+   * less that tail when finish_reason is FINISH_REASON_STOP_SEQUENCE.
    *
    * @generated from field: repeated int32 token_ids = 2;
    */
@@ -510,6 +519,11 @@ export declare type Usage = Message<"inference.v1.Usage"> & {
   promptTokens: number;
 
   /**
+   * Every token the model generated, except the end-of-turn token that ended
+   * it. This equals the number of streamed token_ids unless a stop sequence
+   * matched: then it also counts the tokens of the stop (and a token that
+   * straddles its start), which are not streamed.
+   *
    * @generated from field: uint32 completion_tokens = 2;
    */
   completionTokens: number;
