@@ -18,13 +18,14 @@ from pathlib import Path
 import structlog
 
 from service.admission import Capability, Decision
+from service.backends.failure import RELOADING, library_failure
 from service.config import Settings
-from service.errors import NotSupported
-from service.images.backend import GenerationCancelled
+from service.errors import NotSupported, ServiceError
+from service.images.backend import GenerationCancelled, ImageBackend, ProgressCallback
 from service.images.external import BACKEND_NAME as EXTERNAL
 from service.images.external import CommandResolver, ExternalRoute, run_external
 from service.images.generation import ImageDone, ImageEvent, ImageRequest, ImageStep, RenderedImage
-from service.models.pool import ModelPool
+from service.models.pool import LoadedModel, ModelPool
 
 log = structlog.get_logger("images")
 
@@ -57,31 +58,39 @@ class ImageGenerator:
         served = route.repo or route.base_model
         return Decision(True, f"{Path(command.executable).name} serves {served}", EXTERNAL)
 
-    async def generate(self, request: ImageRequest) -> AsyncIterator[ImageEvent]:
-        started = time.monotonic()
+    async def generate(
+        self, request: ImageRequest, received_at: float | None = None
+    ) -> AsyncIterator[ImageEvent]:
+        """Progress, then the image; times count from `received_at` (time.monotonic),
+        when the request reached the server, taken by the caller. None: now."""
+        started = time.monotonic() if received_at is None else received_at
         route = await self.route(request.model)
-        events = self._in_process(request) if route is None else self._external(route, request)
+        if route is None:
+            events = self._in_process(request, started)
+        else:
+            events = self._external(route, request, started)
         async for event in events:
             if isinstance(event, ImageStep):
                 yield event
                 continue
             image, backend = event
-            self._save(image, request)
+            await asyncio.to_thread(self._save, image, request)  # a disk write
             total_ms = (time.monotonic() - started) * 1000
             yield ImageDone(image, request.seed, request.model, backend, total_ms)
 
     async def _external(
-        self, route: ExternalRoute, request: ImageRequest
+        self, route: ExternalRoute, request: ImageRequest, started: float
     ) -> AsyncIterator[ImageStep | _Rendered]:
         command = await asyncio.to_thread(self._commands.resolve)
         if command is None:
             raise NotSupported(self._commands.missing_reason())
         timeout = self._settings.image_command_timeout
-        async for event in run_external(command, route, request, timeout):
+        async for event in run_external(command, route, request, timeout, started):
             yield event if isinstance(event, ImageStep) else (event, EXTERNAL)
 
-    async def _in_process(self, request: ImageRequest) -> AsyncIterator[ImageStep | _Rendered]:
-        started = time.monotonic()
+    async def _in_process(
+        self, request: ImageRequest, started: float
+    ) -> AsyncIterator[ImageStep | _Rendered]:
         async with self._pool.use(request.model, Capability.IMAGE) as model:
             backend = model.image
 
@@ -92,7 +101,7 @@ class ImageGenerator:
                     emit(ImageStep(step, total, (time.monotonic() - started) * 1000))
 
                 try:
-                    emit(backend.generate(request, on_step, cancelled))
+                    emit(_render(model, backend, request, on_step, cancelled))
                 except GenerationCancelled:
                     return  # the client went away; nobody is listening
 
@@ -103,6 +112,7 @@ class ImageGenerator:
                     yield item
 
     def _save(self, image: RenderedImage, request: ImageRequest) -> None:
+        """Keep a copy under --image-output-dir, if set. Blocking: run it off the loop."""
         directory = self._settings.image_output_dir
         if directory is None:
             return
@@ -112,3 +122,22 @@ class ImageGenerator:
             (directory / name).write_bytes(image.png)
         except OSError as exc:  # the image still reaches the client
             log.warning("could not save image", path=str(directory / name), error=str(exc))
+
+
+def _render(
+    model: LoadedModel,
+    backend: ImageBackend,
+    request: ImageRequest,
+    on_step: ProgressCallback,
+    cancelled: threading.Event,
+) -> RenderedImage:
+    """The backend's image, on the model's worker thread. The library failing mid-
+    pipeline leaves the model in an unknown state: it is discarded."""
+    try:
+        return backend.generate(request, on_step, cancelled)
+    except (ServiceError, GenerationCancelled):
+        raise
+    except Exception as exc:
+        failure = library_failure(f"model {model.name!r} failed while generating", exc, RELOADING)
+        model.report_failure(failure.message)
+        raise failure from exc

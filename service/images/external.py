@@ -142,10 +142,18 @@ def command_line(
 
 
 async def run_external(
-    command: ImageCommand, route: ExternalRoute, request: ImageRequest, timeout: float
+    command: ImageCommand,
+    route: ExternalRoute,
+    request: ImageRequest,
+    timeout: float,
+    started: float | None = None,
 ) -> AsyncIterator[ImageStep | RenderedImage]:
-    """Run the command; yield progress parsed from its stderr, then the image."""
-    started = time.monotonic()
+    """Run the command; yield progress parsed from its stderr, then the image.
+
+    Progress times count from `started` (time.monotonic; None: now).
+    """
+    if started is None:
+        started = time.monotonic()
     with tempfile.TemporaryDirectory(prefix="inference-image-") as workdir:
         output = Path(workdir) / "image.png"
         argv = command_line(command, route, request, output)
@@ -174,7 +182,8 @@ async def run_external(
             ) from exc
         finally:
             await _kill(process)
-        yield _read_output(command, code, output, tail.text)
+        # Reading the file and decoding it with PIL block: off the event loop.
+        yield await asyncio.to_thread(_read_output, command, code, output, tail.text)
 
 
 class _Tail:
