@@ -11,7 +11,7 @@ from dataclasses import dataclass, replace
 
 from service.config import FlashAttention, KvLayout, ModelConfig, Settings
 from service.models.embedded import EMBEDDED_MODELS, EmbeddedModel
-from service.models.sources import ModelSource, SourceResolver
+from service.models.sources import ModelSource, SourceResolver, check_model_name
 
 
 @dataclass(frozen=True)
@@ -74,10 +74,12 @@ class Catalog:
 
     def configured(self, name: str) -> ModelSpec | None:
         """The spec of a configured name (empty: the default); None for anything else."""
+        check_model_name(name)
         return self._specs.get(name or self.default_model)
 
     def resolve(self, name: str) -> ModelSpec:
         """The spec for a configured name (empty: the default) or a model reference."""
+        check_model_name(name)  # before a dict lookup, a path or a log line sees it
         spec = self._specs.get(name or self.default_model)
         if spec is not None:
             return spec
