@@ -9,6 +9,8 @@ huggingface_hub lays it out (refs/, snapshots/ with symlinks into blobs/).
 from __future__ import annotations
 
 import json
+import os
+import shutil
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -82,3 +84,27 @@ def write_hub_snapshot(
         blob.write_bytes(data)
         (snapshot / name).symlink_to(Path("../../blobs") / blob.name)
     return snapshot
+
+
+def add_hub_file(snapshot: Path, name: str, source: Path) -> Path:
+    """Put a large file into a hub snapshot as the cache does: a blob, and a symlink to it.
+
+    A real model can sit in a test's hub cache this way without being read into memory.
+    """
+    blobs = snapshot.parent.parent / "blobs"
+    blobs.mkdir(exist_ok=True)
+    blob = link_or_copy(source, blobs / f"blob-{name.replace('/', '-')}")
+    link = snapshot / name
+    link.parent.mkdir(parents=True, exist_ok=True)
+    link.symlink_to(os.path.relpath(blob, link.parent))
+    return link
+
+
+def link_or_copy(source: Path, destination: Path) -> Path:
+    """`destination` as a hard link to `source` where the file system allows, else a copy."""
+    destination.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        destination.hardlink_to(source)
+    except OSError:
+        shutil.copyfile(source, destination)
+    return destination
