@@ -19,6 +19,7 @@ from inference.v1 import inference_pb2_grpc as pb_grpc
 from service.backends.base import TextBackend
 from service.decode.chunking import StreamChunker
 from service.decode.loop import DecodeEvent, DecodePlan, SequenceDecoder
+from service.decode.text import MAX_UNIT_TOKENS, Released, TextAssembler
 from service.generation import Delta, Finished, FinishReason, SamplingParams, TokenLogprob
 from tests.conftest import GEMMA, collect, finished_of, make_settings, serving, text_of
 
@@ -75,35 +76,47 @@ def generate(
     return Stream([e for e in events if isinstance(e, Delta)], finished, pushed)
 
 
-def decoded(pieces: list[bytes]) -> str:
-    return b"".join(pieces).decode("utf-8", errors="replace")
+def utf8_decoder() -> codecs.IncrementalDecoder:
+    return codecs.getincrementaldecoder("utf-8")(errors="replace")
 
 
 def straddle_tail(stream: Stream, vocab: dict[int, bytes]) -> str:
-    """Check every delta against its ids and logprobs; return the straddle tail."""
-    tail = ""
+    """Check every delta against its ids and logprobs; return the straddle tail.
+
+    Decoding the bytes of all ids streamed so far gives all the text streamed
+    so far, at the end of every delta. A delta ends on a character boundary,
+    so its ids alone spell its text, unless MAX_UNIT_TOKENS tokens in a row
+    ended inside characters.
+    """
+    decoder, spelled, text, run = utf8_decoder(), "", "", 0
+    stopped = stream.finished.finish_reason is FinishReason.STOP_SEQUENCE
     for index, delta in enumerate(stream.deltas):
         assert [entry.token_id for entry in delta.logprobs] == list(delta.token_ids)
         assert [entry.token for entry in delta.logprobs] == [vocab[t] for t in delta.token_ids]
-        spelled = decoded([vocab[t] for t in delta.token_ids])
-        last = index == len(stream.deltas) - 1
-        if last and stream.finished.finish_reason is FinishReason.STOP_SEQUENCE:
-            assert delta.text.startswith(spelled)
-            tail = delta.text[len(spelled) :]
+        for token in delta.token_ids:
+            spelled += decoder.decode(vocab[token])
+            run = run + 1 if decoder.getstate()[0] else 0
+        text += delta.text
+        if index < len(stream.deltas) - 1:
+            assert (spelled, run == 0 or run >= MAX_UNIT_TOKENS) == (text, True)
+        elif stopped:
+            assert text.startswith(spelled)
+            return text[len(spelled) :]
         else:
-            assert spelled == delta.text
-    return tail
+            assert spelled + decoder.decode(b"", final=True) == text
+    return ""
 
 
-def first_unit_text(pieces: list[bytes]) -> str:
-    """The text of the leading tokens up to the first one that ends a character."""
-    decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
+def first_unit_text(streamed: list[bytes], rest: list[bytes]) -> str:
+    """The text the first unstreamed tokens write, up to the first that ends a character."""
+    decoder = utf8_decoder()
+    decoder.decode(b"".join(streamed))
     text = ""
-    for piece in pieces:
+    for piece in rest:
         text += decoder.decode(piece)
         if decoder.getstate()[0] == b"":
-            return text
-    return text + decoder.decode(b"", final=True)
+            break
+    return text
 
 
 def check_stream(stream: Stream, vocab: dict[int, bytes]) -> None:
@@ -117,10 +130,11 @@ def check_stream(stream: Stream, vocab: dict[int, bytes]) -> None:
         return
     rest = [vocab[t] for t in stream.pushed[len(streamed) :]]
     assert rest, "the stop's own tokens are counted in usage and never streamed"
-    assert decoded(rest).startswith(tail + stream.finished.stop_sequence)
-    # Only the text of one straddling token (or of the tokens of one split
-    # character) may go out without an id, never a whole token before the stop.
-    assert len(tail) < len(first_unit_text(rest)) or not tail
+    # Only the text of one token straddling the stop (or of the tokens of one
+    # split character) may go out without an id, never a whole token before it.
+    unit = first_unit_text([vocab[t] for t in streamed], rest)
+    assert unit.startswith(tail)
+    assert len(tail) < len(unit) or not tail
 
 
 def text_and_stop(stream: Stream) -> tuple[str, str]:
@@ -196,6 +210,22 @@ def test_a_token_without_text_is_still_streamed_with_its_logprob() -> None:
     stream = generate(vocab, [1, 2, 3])
     check_stream(stream, vocab)
     assert [(d.text, d.token_ids) for d in stream.deltas] == [("a", (1,)), ("", (2,)), ("b", (3,))]
+
+
+def test_a_long_run_of_tokens_inside_characters_is_not_held_to_the_end() -> None:
+    snowman = "☃".encode()
+    # Every token ends inside a snowman whose last byte opens the next token.
+    pieces = [snowman[:2]] + [snowman[2:] + snowman[:2]] * 20 + [snowman[2:]]
+    vocab = dict(enumerate(pieces))
+    assembler = TextAssembler()
+    released = [assembler.push(token, piece) for token, piece in vocab.items()]
+    first = next(index for index, r in enumerate(released) if r.text)
+    assert first == MAX_UNIT_TOKENS - 1
+    run = tuple(range(MAX_UNIT_TOKENS))
+    assert released[first] == Released("☃" * (MAX_UNIT_TOKENS - 1), run)
+    stream = generate(vocab, list(vocab))
+    check_stream(stream, vocab)
+    assert "".join(d.text for d in stream.deltas) == "☃" * 21
 
 
 def test_merged_deltas_keep_ids_and_logprobs_with_their_text() -> None:

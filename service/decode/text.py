@@ -18,6 +18,14 @@ from __future__ import annotations
 import codecs
 from dataclasses import dataclass, field
 
+# A unit ends after this many tokens even inside a character. One character
+# split byte by byte takes at most 4 tokens; a longer run means tokens that
+# each hold the end of one character and the start of the next (byte-level BPE
+# can make those), and waiting for the run to end could hold text back for the
+# rest of the generation. Past it, a delta's tokens may end inside a character
+# whose last bytes come with the next delta's tokens.
+MAX_UNIT_TOKENS = 8
+
 
 @dataclass(frozen=True)
 class Released:
@@ -53,7 +61,8 @@ def earliest_stop(text: str, stops: tuple[str, ...]) -> tuple[int, str] | None:
 
 @dataclass
 class _Unit:
-    """Consecutive tokens whose bytes together end on a character boundary."""
+    """Consecutive tokens whose bytes together end on a character boundary
+    (or MAX_UNIT_TOKENS tokens that do not)."""
 
     ids: list[int]
     text: str
@@ -93,7 +102,8 @@ class TextAssembler:
             self._units[-1].text += text
         else:
             self._units.append(_Unit([token_id], text))
-        self._open = self._decoder.getstate()[0] != b""
+        inside_character = self._decoder.getstate()[0] != b""
+        self._open = inside_character and len(self._units[-1].ids) < MAX_UNIT_TOKENS
         return self._release(final=False)
 
     def flush(self) -> Released:

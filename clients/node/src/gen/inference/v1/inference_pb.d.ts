@@ -404,17 +404,24 @@ export declare type TextDelta = Message<"inference.v1.TextDelta"> & {
   /**
    * The tokens that wrote exactly this delta's text: their bytes
    * (TokenLogprob.token) joined and decoded as UTF-8 (invalid bytes as
-   * U+FFFD) give `text`. Each token is sent once, in order. Text is held back while it could still become a stop sequence or
-   * ends inside a UTF-8 character, always up to a token boundary, so one
-   * delta may carry several tokens, and a token with no text of its own (a
-   * special token) comes with empty text. When a stop sequence matches, the
-   * tokens of the stop are never sent. The one exception to the rule is a
-   * token that straddles the start of the stop (stop "\n\n" and token
-   * ".\n\n"; or the tokens of a character split across tokens, the last of
-   * which starts the stop): its text before the stop still ends the last
-   * delta, but its id does not, since that token also wrote the stop. So
-   * joining the bytes of all streamed token_ids gives all the streamed text,
-   * less that tail when finish_reason is FINISH_REASON_STOP_SEQUENCE.
+   * U+FFFD) give `text`. Each token is sent once, in order. Text is held back
+   * while it could still become a stop sequence or ends inside a UTF-8
+   * character, always up to a token boundary, so one delta may carry several
+   * tokens; a token with no text of its own (a special token) comes with
+   * empty text. The tokens of a matched stop sequence are never sent.
+   * Two exceptions to the rule:
+   * - a token that straddles the start of the stop (stop "\n\n" and token
+   *   ".\n\n"; or the tokens of a character split across tokens, the last
+   *   of which starts the stop): its text before the stop still ends the last
+   *   delta, but its id does not, since that token also wrote the stop;
+   * - after 8 tokens in a row that each end inside a character (byte-level
+   *   vocabularies have tokens holding the end of one character and the start
+   *   of the next), the text up to the last whole character goes out with
+   *   them, and the bytes of the unfinished character come with the next
+   *   delta's tokens.
+   * Joining the bytes of all streamed token_ids therefore gives all the
+   * streamed text, less the straddling tail when finish_reason is
+   * FINISH_REASON_STOP_SEQUENCE.
    *
    * @generated from field: repeated int32 token_ids = 2;
    */
