@@ -217,8 +217,8 @@ class SourceResolver:
         for part in (hub.revision, hub.file):
             if part is not None and (part.startswith("/") or ".." in part.split("/")):
                 raise AccessDenied(
-                    f"model reference {excerpt(label)}: a revision or file must be a relative "
-                    "path without '..'"
+                    f"model reference {excerpt(label)}: a revision or file must be a path "
+                    "inside the repo (no leading '/', no '..')"
                 )
         revision = hub.revision or "main"
         where = "snapshots" if _COMMIT.match(revision) else "refs"
