@@ -226,6 +226,10 @@ def test_a_long_run_of_tokens_inside_characters_is_not_held_to_the_end() -> None
     stream = generate(vocab, list(vocab))
     check_stream(stream, vocab)
     assert "".join(d.text for d in stream.deltas) == "☃" * 21
+    # Cut off inside a snowman right after a run was cut: the U+FFFD has no token left.
+    cut_off = generate(vocab, list(vocab)[: 2 * MAX_UNIT_TOKENS])
+    check_stream(cut_off, vocab)
+    assert "".join(d.text for d in cut_off.deltas) == "☃" * (2 * MAX_UNIT_TOKENS - 1) + "\ufffd"
 
 
 def test_merged_deltas_keep_ids_and_logprobs_with_their_text() -> None:

@@ -98,12 +98,14 @@ class TextAssembler:
         """Add one token; return what may be sent now."""
         text = self._decoder.decode(piece)
         if self._open:
-            self._units[-1].ids.append(token_id)
-            self._units[-1].text += text
+            unit = self._units[-1]
+            unit.ids.append(token_id)
+            unit.text += text
         else:
-            self._units.append(_Unit([token_id], text))
+            unit = _Unit([token_id], text)
+            self._units.append(unit)
         inside_character = self._decoder.getstate()[0] != b""
-        self._open = inside_character and len(self._units[-1].ids) < MAX_UNIT_TOKENS
+        self._open = inside_character and len(unit.ids) < MAX_UNIT_TOKENS
         return self._release(final=False)
 
     def flush(self) -> Released:
@@ -111,25 +113,35 @@ class TextAssembler:
         tail = self._decoder.decode(b"", final=True)  # a cut-off character: U+FFFD
         if self._open:
             self._units[-1].text += tail
+        elif tail:  # a run cut at MAX_UNIT_TOKENS ended inside a character
+            self._units.append(_Unit([], tail))  # its tokens went out already
         self._open = False
         return self._release(final=True)
 
     def _release(self, final: bool) -> Released:
-        text = "".join(unit.text for unit in self._units)
+        units = self._units
+        # Usually one unit is held: skip the join, and the scans when there are no stops.
+        text = units[0].text if len(units) == 1 else "".join(unit.text for unit in units)
+        if not self.stops:
+            return self._take_units(len(text))
         match = earliest_stop(text, self.stops)
         if match is not None:
             return self._cut_at_stop(text, *match)
-        limit = len(text) if final else releasable_length(text, self.stops)
-        return self._take_units(limit)
+        return self._take_units(len(text) if final else releasable_length(text, self.stops))
 
     def _take_units(self, limit: int) -> Released:
         """Release the leading closed units whose text ends within `limit` characters."""
         closed = len(self._units) - (1 if self._open else 0)
         count, length = 0, 0
-        while count < closed and length + len(self._units[count].text) <= limit:
-            length += len(self._units[count].text)
+        for unit in self._units[:closed]:
+            length += len(unit.text)
+            if length > limit:
+                break
             count += 1
-        taken, self._units = self._units[:count], self._units[count:]
+        taken = self._units[:count]
+        del self._units[:count]
+        if len(taken) == 1:
+            return Released(taken[0].text, tuple(taken[0].ids))
         return Released("".join(u.text for u in taken), tuple(i for u in taken for i in u.ids))
 
     def _cut_at_stop(self, text: str, position: int, stop: str) -> Released:
