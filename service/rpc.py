@@ -3,7 +3,8 @@
 Every servicer method is wrapped by `unary_rpc` or `stream_rpc`. Before the
 method runs, the RPC gets its request id (bound into every log line and sent
 back as `x-request-id` response metadata) and, when the server requires one,
-its bearer token is checked. A `ServiceError` becomes its own status and
+its bearer token is checked, and a request whose bytes did not decode is
+refused with INVALID_ARGUMENT. A `ServiceError` becomes its own status and
 message; anything else becomes INTERNAL with a generic message and a logged
 traceback. Each RPC writes one summary line with whatever the method put in
 its `summary` dict.
@@ -20,7 +21,8 @@ from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 import grpc
 import structlog
 
-from service.errors import ServiceError
+from service.errors import InvalidRequest, ServiceError
+from service.registration import UndecodableRequest
 from service.request_id import METADATA_KEY, request_id_from
 
 if TYPE_CHECKING:
@@ -36,6 +38,10 @@ Summary = dict[str, Any]
 Context = grpc.aio.ServicerContext[Any, Any]
 
 INTERNAL_MESSAGE = "internal error while serving the request; the server log has details"
+# Status messages travel in trailers, which clients cap at 8 KiB by default; every
+# message should already be short (client input is shown through `excerpt`), and
+# this keeps one that is not from breaking the client's connection.
+MAX_STATUS_MESSAGE_CHARS = 2048
 
 
 class Observed(Protocol):
@@ -76,7 +82,7 @@ class _RpcOutcome:
     async def fail(self, context: Context, exc: Exception) -> None:
         """End the RPC with the status `exc` maps to (context.abort raises)."""
         if isinstance(exc, ServiceError):
-            self.code, message = exc.code, exc.message
+            self.code, message = exc.code, _bounded(exc.message)
             self.summary["error"] = message
         else:
             self.code, message = grpc.StatusCode.INTERNAL, INTERNAL_MESSAGE
@@ -104,6 +110,22 @@ class _RpcOutcome:
         )
 
 
+def _bounded(message: str) -> str:
+    if len(message) <= MAX_STATUS_MESSAGE_CHARS:
+        return message
+    return message[: MAX_STATUS_MESSAGE_CHARS - 20] + " ... (cut short)"
+
+
+def _decoded(request: Request | UndecodableRequest) -> Request:
+    """The request, or InvalidRequest when its bytes did not decode (see registration)."""
+    if isinstance(request, UndecodableRequest):
+        raise InvalidRequest(
+            f"the request is not a valid {request.message_type} message ({request.reason}); "
+            "check that the client was generated from this server's inference.proto"
+        )
+    return request
+
+
 def unary_rpc(
     method: Callable[[Servicer, Request, Summary], Awaitable[Response]],
 ) -> Callable[[Servicer, Request, Context], Awaitable[Response]]:
@@ -112,7 +134,7 @@ def unary_rpc(
         outcome = _RpcOutcome(method.__name__, self.metrics)
         try:
             await outcome.begin(context, self.auth)
-            return await method(self, request, outcome.summary)
+            return await method(self, _decoded(request), outcome.summary)
         except asyncio.CancelledError:
             outcome.cancelled(context)
             raise
@@ -134,7 +156,7 @@ def stream_rpc(
         outcome = _RpcOutcome(method.__name__, self.metrics)
         try:
             await outcome.begin(context, self.auth)
-            async for response in method(self, request, outcome.summary):
+            async for response in method(self, _decoded(request), outcome.summary):
                 yield response
         except (asyncio.CancelledError, GeneratorExit):
             outcome.cancelled(context)
