@@ -3,10 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
-import threading
 
 import grpc
 import pytest
@@ -14,7 +10,7 @@ import pytest
 from inference.v1 import inference_pb2 as pb
 from inference.v1 import inference_pb2_grpc as pb_grpc
 from tests.conftest import GEMMA
-from tests.test_shutdown import ServerProcess, _wait_until_serving
+from tests.server_process import server_process, wait_until_serving
 
 HI = pb.GenerateRequest(prompt="Hi", max_tokens=1, temperature=0)
 
@@ -61,23 +57,14 @@ def test_a_failed_call_still_returns_its_id(stub: pb_grpc.InferenceStub) -> None
 
 
 def test_every_log_line_of_a_request_carries_its_id() -> None:
-    command = [sys.executable, "-m", "service.server", "--listen", "127.0.0.1:0"]
-    env = {**os.environ, "INFERENCE_LOG_FORMAT": "json", "INFERENCE_THREADS": "2"}
-    process = subprocess.Popen(command, stderr=subprocess.PIPE, text=True, env=env)
-    server = ServerProcess(process)
-    reader = threading.Thread(target=server.read_log, daemon=True)
-    reader.start()
-    try:
+    with server_process(env={"INFERENCE_THREADS": "2"}) as server:
         with grpc.insecure_channel(server.wait_for_address()) as channel:
-            _wait_until_serving(channel)
+            wait_until_serving(channel)
             stub = pb_grpc.InferenceStub(channel)
             request = pb.GenerateRequest(model=GEMMA, prompt="Hi", max_tokens=1, temperature=0)
             list(stub.Generate(request, metadata=[("x-request-id", "log-42")], timeout=60))
-    finally:
-        process.terminate()
-        process.wait(timeout=30)
-        reader.join(timeout=10)
-        process.stderr.close()  # type: ignore[union-attr]
+        server.process.terminate()
+        server.process.wait(timeout=30)
     lines = [json.loads(line) for line in server.log if line.startswith("{")]
     mine = [line for line in lines if line.get("request_id") == "log-42"]
     events = {line["event"] for line in mine}

@@ -3,14 +3,9 @@
 from __future__ import annotations
 
 import json
-import os
 import signal
-import subprocess
-import sys
-import threading
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass, field
 
 import grpc
 import pytest
@@ -18,65 +13,30 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from inference.v1 import inference_pb2 as pb
 from inference.v1 import inference_pb2_grpc as pb_grpc
-
-
-@dataclass
-class ServerProcess:
-    process: subprocess.Popen[str]
-    log: list[str] = field(default_factory=list)
-    address: str = ""
-
-    def read_log(self) -> None:
-        """Collect stderr; note the address once the server says it is serving."""
-        assert self.process.stderr is not None
-        for line in self.process.stderr:
-            self.log.append(line)
-            if '"serving"' in line:
-                self.address = json.loads(line)["address"]
-
-    def wait_for_address(self) -> str:
-        deadline = time.monotonic() + 30
-        while not self.address and time.monotonic() < deadline:
-            time.sleep(0.02)
-        assert self.address, f"the server never said it was serving: {self.log}"
-        return self.address
+from tests.server_process import ServerProcess, server_process, wait_until_serving
 
 
 @pytest.fixture
 def server() -> Iterator[ServerProcess]:
-    command = [sys.executable, "-m", "service.server", "--listen", "127.0.0.1:0"]
     # Gemma, because llama.cpp prints warnings of its own while loading it.
-    command += ["--grace-period", "20", "--default-model", "gemma3-270m"]
-    env = {**os.environ, "INFERENCE_LOG_FORMAT": "json"}
-    process = subprocess.Popen(command, stderr=subprocess.PIPE, text=True, env=env)
-    server = ServerProcess(process)
-    reader = threading.Thread(target=server.read_log, daemon=True)
-    reader.start()
+    with server_process(["--grace-period", "20", "--default-model", "gemma3-270m"]) as running:
+        yield running
+
+
+def _draining(channel: grpc.Channel) -> bool:
+    """Whether the main port says the server is draining (NOT_SERVING or refusing)."""
     try:
-        yield server
-    finally:
-        if process.poll() is None:
-            process.kill()
-        process.wait(timeout=10)
-        reader.join(timeout=10)
-        process.stderr.close()  # type: ignore[union-attr]
-
-
-def _wait_until_serving(channel: grpc.Channel) -> None:
-    stub = health_pb2_grpc.HealthStub(channel)
-    deadline = time.monotonic() + 30
-    while time.monotonic() < deadline:
+        stub = health_pb2_grpc.HealthStub(channel)
         reply = stub.Check(health_pb2.HealthCheckRequest(), timeout=5)
-        if reply.status == health_pb2.HealthCheckResponse.SERVING:
-            return
-        time.sleep(0.05)
-    raise AssertionError("the server never reported SERVING")
+    except grpc.RpcError as error:
+        return bool(error.code() == grpc.StatusCode.UNAVAILABLE)
+    return reply.status == health_pb2.HealthCheckResponse.NOT_SERVING
 
 
 def test_sigterm_lets_the_stream_in_flight_finish_then_exits_zero(server: ServerProcess) -> None:
     process = server.process
     with grpc.insecure_channel(server.wait_for_address()) as channel:
-        _wait_until_serving(channel)
+        wait_until_serving(channel)
         stub = pb_grpc.InferenceStub(channel)
         stream = stub.Generate(
             pb.GenerateRequest(prompt="Count: 1, 2,", max_tokens=40, temperature=0)
@@ -92,14 +52,17 @@ def test_sigterm_lets_the_stream_in_flight_finish_then_exits_zero(server: Server
 def test_new_requests_are_refused_while_draining(server: ServerProcess) -> None:
     process = server.process
     with grpc.insecure_channel(server.wait_for_address()) as channel:
-        _wait_until_serving(channel)
+        wait_until_serving(channel)
         stub = pb_grpc.InferenceStub(channel)
         stream = stub.Generate(
             pb.GenerateRequest(prompt="Count: 1, 2,", max_tokens=60, temperature=0)
         )
         next(stream)
         process.send_signal(signal.SIGTERM)
-        time.sleep(0.3)
+        deadline = time.monotonic() + 30
+        while not _draining(channel):  # no fixed sleep: a slow machine takes its time
+            assert time.monotonic() < deadline, "the server never started draining"
+            time.sleep(0.01)
         with pytest.raises(grpc.RpcError) as caught:
             list(stub.Generate(pb.GenerateRequest(prompt="Hi", max_tokens=1), timeout=5))
         assert caught.value.code() == grpc.StatusCode.UNAVAILABLE
@@ -109,7 +72,7 @@ def test_new_requests_are_refused_while_draining(server: ServerProcess) -> None:
 
 def test_log_is_json_lines_with_one_summary_per_rpc(server: ServerProcess) -> None:
     with grpc.insecure_channel(server.wait_for_address()) as channel:
-        _wait_until_serving(channel)
+        wait_until_serving(channel)
         stub = pb_grpc.InferenceStub(channel)
         list(stub.Generate(pb.GenerateRequest(prompt="Hello", max_tokens=3, temperature=0)))
         with pytest.raises(grpc.RpcError):
