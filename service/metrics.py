@@ -62,6 +62,7 @@ class Metrics:
             "inference_images", "Images generated, by model and backend.", ["model", "backend"],
             registry=self.registry,
         )  # fmt: skip
+        self._pool = pool
         self.registry.register(_PoolCollector(pool))
         self.registry.register(_GateCollector(gate))
         self._http: WSGIServer | None = None
@@ -71,8 +72,16 @@ class Metrics:
 
     def rpc_finished(self, rpc: str, model: str, code: str, seconds: float) -> None:
         self.in_flight.labels(rpc).dec()
-        self.rpcs.labels(rpc, model, code).inc()
+        self.rpcs.labels(rpc, self._known(model), code).inc()
         self.rpc_seconds.labels(rpc).observe(seconds)
+
+    def _known(self, model: str) -> str:
+        """`model` if the server knows it, else "": a label for every name a client
+        makes up would grow the metrics without bound."""
+        pool = self._pool
+        if model in pool.catalog.names() or any(m.name == model for m in pool.loaded()):
+            return model
+        return ""
 
     def generation(self, finished: Finished, model: str) -> None:
         usage = finished.usage

@@ -20,7 +20,6 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
 from inference.v1 import inference_pb2 as pb
-from inference.v1 import inference_pb2_grpc as pb_grpc
 from service.admission import Capability, Decision, decide
 from service.auth import BearerAuth
 from service.backends import load_backend
@@ -36,7 +35,9 @@ from service.models.catalog import Catalog
 from service.models.memory import default_budget_bytes
 from service.models.pool import ModelPool, PoolLimits
 from service.models.sources import ModelSource, SourceResolver
+from service.offload import Offload
 from service.overload import ConcurrencyGate
+from service.registration import add_inference_service
 from service.servicer import InferenceServicer
 from service.text_generation import TextGenerator
 from service.transport import server_credentials, server_options
@@ -83,6 +84,7 @@ class InferenceServer:
         )
         self.gate = ConcurrencyGate(settings.max_concurrent, settings.max_queue)
         self.metrics = Metrics(self.pool, self.gate)
+        self._offload = Offload()
         token = settings.auth_token
         servicer = InferenceServicer(
             self.pool,
@@ -95,8 +97,9 @@ class InferenceServer:
             metrics=self.metrics,
             auth=BearerAuth(token.get_secret_value()) if token else None,
             generation_limits=GenerationLimits(max_top_logprobs=settings.max_top_logprobs),
+            offload=self._offload,
         )
-        pb_grpc.add_InferenceServicer_to_server(servicer, self._server)
+        add_inference_service(servicer, self._server)
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self._server)
         reflection.enable_server_reflection(SERVICE_NAMES, self._server)
 
@@ -134,6 +137,7 @@ class InferenceServer:
         if self._health_server is not None:
             await self._health_server.stop(0)
         self.metrics.stop()
+        self._offload.close()
         await self.pool.close()
 
     async def _serve_health(self, listen: str) -> int:

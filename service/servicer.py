@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+import time
 from collections.abc import AsyncIterator
 
 from inference.v1 import inference_pb2 as pb
@@ -18,6 +20,8 @@ from service.metrics import Metrics
 from service.models.catalog import ModelSpec
 from service.models.memory import MemoryNeed
 from service.models.pool import LoadedModel, ModelPool, memory_need
+from service.models.sources import check_model_name
+from service.offload import Offload
 from service.overload import ConcurrencyGate
 from service.rpc import Summary, stream_rpc, unary_rpc
 from service.text_generation import TextGenerator
@@ -36,6 +40,7 @@ class InferenceServicer(pb_grpc.InferenceServicer):
         metrics: Metrics | None = None,
         auth: BearerAuth | None = None,
         generation_limits: GenerationLimits | None = None,
+        offload: Offload | None = None,
     ) -> None:
         self.metrics = metrics
         self.auth = auth
@@ -47,16 +52,23 @@ class InferenceServicer(pb_grpc.InferenceServicer):
         self._images = images
         self._image_limits = image_limits
         self._default_image_model = default_image_model
+        self._offload = offload or Offload()
 
     @stream_rpc
     async def Generate(
         self, request: pb.GenerateRequest, summary: Summary
     ) -> AsyncIterator[pb.GenerateResponse]:
-        generation = GenerationRequest.from_pb(request, self._generation_limits)
+        received_at = time.monotonic()  # the contract's clock for ttft_ms and queue_ms
+        # What costs nothing is checked on the event loop; converting the request
+        # (a grammar to compile, thousands of messages) is not, and runs off it.
+        check_model_name(request.model)
+        self._request_limits.check(request)
+        generation = await self._offload.run(
+            GenerationRequest.from_pb, request, self._generation_limits
+        )
         summary["model"] = generation.model or self._pool.catalog.default_model
-        self._request_limits.check(generation)
         async with self._gate.slot():
-            async for event in self._text.generate(generation):
+            async for event in self._text.generate(generation, received_at=received_at):
                 _summarize(event, summary)
                 if isinstance(event, Finished) and self.metrics is not None:
                     self.metrics.generation(event, summary["model"])
@@ -75,6 +87,8 @@ class InferenceServicer(pb_grpc.InferenceServicer):
 
     @unary_rpc
     async def Admit(self, request: pb.AdmitRequest, summary: Summary) -> pb.AdmitResponse:
+        check_model_name(request.model)
+        summary["model"] = request.model
         capability = _capability(request.capability)
         route = None
         if capability is Capability.IMAGE:
@@ -83,17 +97,19 @@ class InferenceServicer(pb_grpc.InferenceServicer):
             decision = await self._images.external_decision(route)
             report = self._report(decision, MemoryNeed(), name=route.model)
         else:
-            spec = self._pool.catalog.resolve(request.model)
+            # Resolving a reference looks at the disk and the hub cache.
+            spec = await asyncio.to_thread(self._pool.catalog.resolve, request.model)
             decision = await self._pool.admission(spec, capability)
             need = memory_need(decision, spec)
             report = self._report(decision, need, spec.name)
-        summary.update(model=request.model, admitted=report.admitted, backend=decision.backend)
+        summary.update(admitted=report.admitted, backend=decision.backend)
         return report.to_pb()
 
     @stream_rpc
     async def GenerateImage(
         self, request: pb.GenerateImageRequest, summary: Summary
     ) -> AsyncIterator[pb.GenerateImageResponse]:
+        check_model_name(request.model)
         image_request = ImageRequest.from_pb(request, self._image_limits, self._default_image_model)
         summary.update(model=image_request.model, seed=image_request.seed)
         async with self._gate.slot():

@@ -31,6 +31,8 @@ def test_metrics_count_rpcs_tokens_and_the_pool() -> None:
         collect(stub.Generate(request))
         with pytest.raises(grpc.RpcError):
             collect(stub.Generate(pb.GenerateRequest(prompt="Hello", top_p=5)))
+        with pytest.raises(grpc.RpcError):  # a name made up by the client is no label
+            collect(stub.Generate(pb.GenerateRequest(model="made-up-7", prompt="Hello")))
         metrics = scrape(port)
     model = (("model", SMOLLM),)
     ok = (("code", "OK"), *model, ("rpc", "Generate"))
@@ -38,6 +40,9 @@ def test_metrics_count_rpcs_tokens_and_the_pool() -> None:
     assert metrics[("inference_rpcs_total", ok)] == 1
     invalid = (("code", "INVALID_ARGUMENT"), ("model", ""), ("rpc", "Generate"))
     assert metrics[("inference_rpcs_total", invalid)] == 1
+    unknown = (("code", "NOT_FOUND"), ("model", ""), ("rpc", "Generate"))
+    assert metrics[("inference_rpcs_total", unknown)] == 1
+    assert not any(("model", "made-up-7") in labels for _, labels in metrics)
     assert metrics[("inference_tokens_total", (("kind", "completion"), *model))] == 3
     assert metrics[("inference_time_per_output_token_seconds_count", model)] == 1
     assert 0 < metrics[("inference_time_per_output_token_seconds_sum", model)] < 5

@@ -13,7 +13,6 @@ import pytest
 from inference.v1 import inference_pb2 as pb
 from inference.v1 import inference_pb2_grpc as pb_grpc
 from service.errors import InvalidRequest, Overloaded
-from service.generation import ChatMessage, GenerationRequest, SamplingOverrides
 from service.limits import RequestLimits
 from service.overload import ConcurrencyGate
 from tests.conftest import RunningServer, make_settings, serving
@@ -63,15 +62,12 @@ def test_gate_frees_the_place_of_a_cancelled_waiter() -> None:
 
 
 def _request(
-    prompt: str | None = None, messages: int = 0, max_tokens: int | None = None
-) -> GenerationRequest:
-    return GenerationRequest(
-        model="",
+    prompt: str = "", messages: int = 0, max_tokens: int | None = None
+) -> pb.GenerateRequest:
+    return pb.GenerateRequest(
         prompt=prompt,
-        messages=tuple(ChatMessage("user", "hi") for _ in range(messages)),
+        messages=[pb.ChatMessage(role="user", content="hi") for _ in range(messages)],
         max_tokens=max_tokens,
-        stop=(),
-        sampling=SamplingOverrides(),
     )
 
 
@@ -86,7 +82,7 @@ LIMITS = RequestLimits(max_prompt_bytes=10, max_tokens=100, max_messages=2)
         (_request(prompt="hi", max_tokens=101), "at most 100"),
     ],
 )
-def test_limits_refuse_what_is_over(request_: GenerationRequest, message: str) -> None:
+def test_limits_refuse_what_is_over(request_: pb.GenerateRequest, message: str) -> None:
     with pytest.raises(InvalidRequest, match=message):
         LIMITS.check(request_)
 
