@@ -1,5 +1,11 @@
 """Rendering chat messages with a model's own Jinja template.
 
+A message's role must be one the template can place: the four every chat
+format knows (system, user, assistant, tool), or one the template itself
+compares a role with (`message['role'] == 'ipython'`). Anything else would be
+pasted into the prompt verbatim by templates that print the role, so a client
+could write its own turn markers.
+
 Templates are rendered the way Hugging Face transformers renders them (a
 sandboxed Jinja environment with trim_blocks and lstrip_blocks, plus the
 `raise_exception` and `strftime_now` helpers and its own `tojson`), so a template written for
@@ -15,9 +21,10 @@ from functools import lru_cache
 from typing import Any, NoReturn
 
 import jinja2
+from jinja2 import nodes
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
-from service.errors import InvalidRequest, NotSupported
+from service.errors import InvalidRequest, NotSupported, excerpt
 from service.generation import ChatMessage, Tool
 
 
@@ -54,13 +61,61 @@ def _tojson(
     )
 
 
-@lru_cache(maxsize=32)
-def _compile(source: str) -> jinja2.Template:
+STANDARD_ROLES = frozenset({"system", "user", "assistant", "tool"})
+_MAX_ROLE_CHARS = 64
+
+
+def _environment() -> ImmutableSandboxedEnvironment:
     env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
     env.globals["raise_exception"] = _raise_exception
     env.globals["strftime_now"] = _strftime_now
     env.filters["tojson"] = _tojson
-    return env.from_string(source)
+    return env
+
+
+@lru_cache(maxsize=32)
+def _compile(source: str) -> jinja2.Template:
+    return _environment().from_string(source)
+
+
+@lru_cache(maxsize=32)
+def template_roles(source: str) -> frozenset[str]:
+    """The standard roles, plus every string the template compares a role with."""
+    roles: set[str] = set()
+    for compare in _environment().parse(source).find_all(nodes.Compare):
+        operands = [compare.expr, *(operand.expr for operand in compare.ops)]
+        if any(_names_role(operand) for operand in operands):
+            for operand in operands:
+                roles.update(_strings(operand))
+    return STANDARD_ROLES | roles
+
+
+def _names_role(node: nodes.Node) -> bool:
+    """`message['role']`, `message.role`, or a variable called like a role."""
+    if isinstance(node, nodes.Getitem):
+        return isinstance(node.arg, nodes.Const) and node.arg.value == "role"
+    if isinstance(node, nodes.Getattr):
+        return node.attr == "role"
+    return isinstance(node, nodes.Name) and "role" in node.name
+
+
+def _strings(node: nodes.Node) -> set[str]:
+    if isinstance(node, nodes.Const) and isinstance(node.value, str):
+        return {node.value} if len(node.value) <= _MAX_ROLE_CHARS else set()
+    if isinstance(node, nodes.List | nodes.Tuple):
+        return {text for item in node.items for text in _strings(item)}
+    return set()
+
+
+def _check_roles(source: str, messages: Sequence[ChatMessage], model: str) -> None:
+    roles = template_roles(source)
+    for index, message in enumerate(messages):
+        if message.role not in roles:
+            raise InvalidRequest(
+                f"messages[{index}] has the role {excerpt(message.role)}, which the chat "
+                f"template of model {model!r} does not handle; use one of "
+                f"{', '.join(sorted(roles))}"
+            )
 
 
 def render_chat(
@@ -85,6 +140,7 @@ def render_chat(
         compiled = _compile(template)
     except jinja2.TemplateSyntaxError as exc:
         raise NotSupported(f"the chat template of model {model!r} does not parse: {exc}") from exc
+    _check_roles(template, messages, model)
     try:
         return compiled.render(
             messages=[_message(m) for m in messages],

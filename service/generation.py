@@ -8,18 +8,27 @@ from __future__ import annotations
 
 import enum
 import json
+import math
 import random
 import re
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from inference.v1 import inference_pb2 as pb
-from service.errors import InvalidRequest
+from service.errors import InvalidRequest, excerpt
 
 MAX_STOP_SEQUENCES = 16
 MAX_STOP_SEQUENCE_CHARS = 256
 MAX_TOOLS = 128
 MAX_TOOL_PARAMETERS_CHARS = 64 * 1024
+# JSON the server parses (tool schemas, call arguments) and hands to templates:
+# deeper documents are refused rather than recursing into RecursionError.
+MAX_JSON_DEPTH = 64
+MAX_ROLE_CHARS = 64
+# Sampling ranges: beyond MAX_TEMPERATURE the distribution is all but uniform,
+# and repetition penalties past MAX_REPEAT_PENALTY only ever pick the rarest tokens.
+MAX_TEMPERATURE = 2.0
+MAX_REPEAT_PENALTY = 10.0
 # The function names OpenAI-style clients allow; every tool-call convention we
 # parse can write them (FunctionGemma's needs an identifier, hence no dots).
 TOOL_NAME = re.compile(r"[A-Za-z0-9_-]{1,64}")
@@ -37,9 +46,27 @@ def _json_object(text: str, what: str) -> dict[str, Any]:
         value = json.loads(text)
     except json.JSONDecodeError as exc:
         raise InvalidRequest(f"{what} is not valid JSON: {exc}") from exc
+    except RecursionError:
+        raise InvalidRequest(f"{what} nests deeper than {MAX_JSON_DEPTH} levels") from None
     if not isinstance(value, dict):
         raise InvalidRequest(f"{what} must be a JSON object, got {type(value).__name__}")
+    if json_depth(value) > MAX_JSON_DEPTH:
+        raise InvalidRequest(f"{what} nests deeper than {MAX_JSON_DEPTH} levels")
     return value
+
+
+def json_depth(value: object) -> int:
+    """How deeply a parsed JSON value nests (a scalar is 0), without recursing."""
+    deepest = 0
+    pending = [(value, 0)]
+    while pending:
+        item, depth = pending.pop()
+        deepest = max(deepest, depth)
+        if isinstance(item, dict):
+            pending.extend((child, depth + 1) for child in item.values())
+        elif isinstance(item, list):
+            pending.extend((child, depth + 1) for child in item)
+    return deepest
 
 
 @dataclass(frozen=True)
@@ -58,7 +85,8 @@ class ToolCall:
         return pb.ToolCall(id=self.id, name=self.name, arguments_json=self.arguments_json)
 
     def arguments(self) -> dict[str, Any]:
-        return _json_object(self.arguments_json or "{}", f"arguments of tool call {self.name!r}")
+        what = f"arguments of tool call {excerpt(self.name)}"
+        return _json_object(self.arguments_json or "{}", what)
 
 
 @dataclass(frozen=True)
@@ -77,14 +105,14 @@ class Tool:
         """The JSON schema of the arguments; no parameters is an empty object schema."""
         if not self.parameters_json.strip():
             return {"type": "object", "properties": {}}
-        return _json_object(self.parameters_json, f"parameters_json of tool {self.name!r}")
+        return _json_object(self.parameters_json, f"parameters_json of tool {excerpt(self.name)}")
 
     def validate(self, index: int) -> None:
         if not self.name:
             raise InvalidRequest(f"tools[{index}] has no name")
         if not TOOL_NAME.fullmatch(self.name):
             raise InvalidRequest(
-                f"tools[{index}] name {self.name!r} must be 1 to 64 letters, digits, "
+                f"tools[{index}] name {excerpt(self.name)} must be 1 to 64 letters, digits, "
                 "underscores or hyphens"
             )
         if len(self.parameters_json) > MAX_TOOL_PARAMETERS_CHARS:
@@ -117,6 +145,11 @@ class ChatMessage:
     def validate(self, index: int) -> None:
         if not self.role:
             raise InvalidRequest(f"messages[{index}] has no role")
+        if len(self.role) > MAX_ROLE_CHARS:
+            raise InvalidRequest(
+                f"messages[{index}] role is {len(self.role)} characters; a role is at most "
+                f"{MAX_ROLE_CHARS} (system, user, assistant, tool, ...)"
+            )
         if self.tool_calls and self.role != "assistant":
             raise InvalidRequest(
                 f"messages[{index}] has tool_calls, which only an assistant turn can make"
@@ -179,16 +212,26 @@ class SamplingOverrides:
         )
 
     def validate(self) -> None:
-        if self.temperature is not None and not self.temperature >= 0:
-            raise InvalidRequest(f"temperature must be >= 0, got {self.temperature}")
+        for name in ("temperature", "top_p", "min_p", "repeat_penalty"):
+            value = getattr(self, name)
+            if value is not None and not math.isfinite(value):
+                raise InvalidRequest(f"{name} must be a finite number, got {value}")
+        if self.temperature is not None and not 0 <= self.temperature <= MAX_TEMPERATURE:
+            raise InvalidRequest(
+                f"temperature must be in [0, {MAX_TEMPERATURE:g}] (0 is greedy), "
+                f"got {self.temperature}"
+            )
         if self.top_p is not None and not 0 < self.top_p <= 1:
             raise InvalidRequest(f"top_p must be in (0, 1], got {self.top_p}")
         if self.top_k is not None and self.top_k < 0:
             raise InvalidRequest(f"top_k must be >= 0 (0 disables it), got {self.top_k}")
         if self.min_p is not None and not 0 <= self.min_p <= 1:
             raise InvalidRequest(f"min_p must be in [0, 1], got {self.min_p}")
-        if self.repeat_penalty is not None and not self.repeat_penalty > 0:
-            raise InvalidRequest(f"repeat_penalty must be > 0, got {self.repeat_penalty}")
+        penalty = self.repeat_penalty
+        if penalty is not None and not 0 < penalty <= MAX_REPEAT_PENALTY:
+            raise InvalidRequest(
+                f"repeat_penalty must be in (0, {MAX_REPEAT_PENALTY:g}] (1 is off), got {penalty}"
+            )
 
 
 @dataclass(frozen=True)
@@ -265,7 +308,7 @@ class GenerationRequest:
         for index, tool in enumerate(self.tools):
             tool.validate(index)
             if tool.name in seen:
-                raise InvalidRequest(f"tools[{index}] repeats the name {tool.name!r}")
+                raise InvalidRequest(f"tools[{index}] repeats the name {excerpt(tool.name)}")
             seen.add(tool.name)
 
     def _validate_stop(self) -> None:
