@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import itertools
+import statistics
 import threading
+import time
+from collections.abc import Iterator
 from typing import Any
 
 import grpc
@@ -12,7 +16,7 @@ from llama_cpp import Llama
 from inference.v1 import inference_pb2 as pb
 from inference.v1 import inference_pb2_grpc as pb_grpc
 from service.models.embedded import EMBEDDED_MODELS
-from tests.conftest import GEMMA, SMOLLM, collect, finished_of, text_of
+from tests.conftest import GEMMA, SMOLLM, collect, finished_of, make_settings, serving, text_of
 
 FRANCE = "Q: What is the capital of France?\nA:"
 
@@ -107,29 +111,43 @@ def test_chat_on_a_model_without_template_is_failed_precondition(
     assert "chat template" in (caught.value.details() or "")
 
 
-def test_cancel_mid_stream_frees_the_model(stub: pb_grpc.InferenceStub) -> None:
-    call = stub.Generate(greedy("Count: 1, 2, 3,", max_tokens=400))
-    deltas = 0
+@pytest.fixture(scope="module")
+def one_at_a_time() -> Iterator[pb_grpc.InferenceStub]:
+    """A server that decodes one sequence at a time, so a request waits for the one before."""
+    with serving(make_settings(parallel_sequences=1)) as (_, stub):
+        yield stub
+
+
+def test_cancel_mid_stream_frees_the_model(one_at_a_time: pb_grpc.InferenceStub) -> None:
+    stub = one_at_a_time
+    call = stub.Generate(greedy("Count: 1, 2, 3,", max_tokens=800))
+    arrivals: list[float] = []
     for event in call:
-        deltas += event.WhichOneof("event") == "delta"
-        if deltas == 3:
+        if event.WhichOneof("event") == "delta":
+            arrivals.append(time.monotonic())
+        if len(arrivals) == 6:
             call.cancel()
             break
     assert call.code() == grpc.StatusCode.CANCELLED
-    # Had decoding gone on, this request would wait for ~400 tokens first.
+    token_seconds = statistics.median(b - a for a, b in itertools.pairwise(arrivals))
     finished = finished_of(collect(stub.Generate(greedy("Hello", max_tokens=2))))
-    assert finished.timing.queue_ms < 1500
+    # Measured in the model's own token time, so it holds on any machine: had the
+    # cancelled stream gone on decoding, this request would wait ~794 tokens for it.
+    assert finished.timing.queue_ms / 1000 < 100 * token_seconds
 
 
 def test_deadline_is_deadline_exceeded_and_the_model_stays_usable(
     stub: pb_grpc.InferenceStub,
 ) -> None:
+    probe = finished_of(collect(stub.Generate(greedy("Count:", max_tokens=8))))
+    rate = max(probe.timing.decode_tokens_per_second, 1.0)
+    # A deadline at a tenth of what 900 tokens take here, whatever the machine's speed.
+    deadline = min(0.5, 900 / rate / 10)
     with pytest.raises(grpc.RpcError) as caught:
-        collect(stub.Generate(greedy("Count:", max_tokens=500), timeout=0.5))
+        collect(stub.Generate(greedy("Count:", max_tokens=900), timeout=deadline))
     assert caught.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
     finished = finished_of(collect(stub.Generate(greedy("Hello", max_tokens=2))))
     assert finished.usage.completion_tokens == 2
-    assert finished.timing.queue_ms < 1500
 
 
 def test_concurrent_streams_on_one_model_all_complete(stub: pb_grpc.InferenceStub) -> None:
