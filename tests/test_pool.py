@@ -1,10 +1,20 @@
-"""The pool of loaded models: LRU under a memory budget, single loads, broken backends."""
+"""The pool of loaded models: LRU under a memory budget, loads side by side, broken backends.
+
+A model is made busy by holding it through `pool.use` on the server's loop (`Held`): for
+the pool that is a request in progress, and unlike a real stream it ends only when the
+test says so, however fast the machine decodes.
+"""
 
 from __future__ import annotations
 
+import asyncio
+import os
+import sys
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
+from pathlib import Path
 from typing import Any
 
 import grpc
@@ -12,11 +22,15 @@ import pytest
 
 from inference.v1 import inference_pb2 as pb
 from inference.v1 import inference_pb2_grpc as pb_grpc
+from service import rpc, text_generation
 from service.admission import Capability, decide
 from service.backends.llama_cpp import LlamaCppBackend
 from service.config import ModelConfig, Settings
+from service.decode.loop import SequenceDecoder
 from service.models.embedded import EMBEDDED_MODELS
+from service.models.pool import ModelPool
 from service.models.sources import ModelSource
+from service.rpc import INTERNAL_MESSAGE
 from tests.conftest import (
     GEMMA,
     SMOLLM,
@@ -28,8 +42,10 @@ from tests.conftest import (
 )
 
 SMALL = "gemma-small"  # the Gemma file again, under another name and context size
+TINY = "smollm-small"  # the SmolLM file again, likewise
 CONTEXT = 1024
 SMALL_CONTEXT = 256
+MiB = 1 << 20
 
 
 def need(model: str, context: int) -> int:
@@ -45,6 +61,7 @@ def needs() -> dict[str, int]:
         SMOLLM: need(SMOLLM, CONTEXT),
         GEMMA: need(GEMMA, CONTEXT),
         SMALL: need(GEMMA, SMALL_CONTEXT),
+        TINY: need(SMOLLM, SMALL_CONTEXT),
     }
 
 
@@ -88,6 +105,42 @@ def loaded(stub: pb_grpc.InferenceStub) -> dict[str, pb.ModelInfo]:
     return {m.name: m for m in stub.ListModels(pb.ListModelsRequest()).models if m.loaded}
 
 
+class Held:
+    """A request in progress on `model` as the pool sees it, until `release()`."""
+
+    def __init__(self, running: RunningServer, model: str) -> None:
+        self._running = running
+        self._release, self._task = running.run(self._hold(running.server.pool, model))
+
+    @staticmethod
+    async def _hold(pool: ModelPool, model: str) -> tuple[asyncio.Event, asyncio.Task[None]]:
+        holding, release = asyncio.Event(), asyncio.Event()
+
+        async def user() -> None:
+            async with pool.use(model):
+                holding.set()
+                await release.wait()
+
+        task = asyncio.create_task(user())
+        await holding.wait()
+        return release, task
+
+    def release(self) -> None:
+        async def end() -> None:
+            self._release.set()
+            await self._task
+
+        self._running.run(end())
+
+
+def eventually(condition: Callable[[], bool]) -> bool:
+    """Whether `condition` holds within a minute: a bound on a hang, not on speed."""
+    deadline = time.monotonic() + 60
+    while not condition() and time.monotonic() < deadline:
+        time.sleep(0.02)
+    return condition()
+
+
 def test_least_recently_used_idle_model_is_evicted(
     budget_server: RunningServer, stub: pb_grpc.InferenceStub
 ) -> None:
@@ -106,26 +159,67 @@ def test_least_recently_used_idle_model_is_evicted(
     assert info.last_used_unix_ms > 0
 
 
-def test_a_model_with_a_stream_in_progress_is_never_evicted(
+def test_a_model_in_use_is_never_evicted(
     budget_server: RunningServer, stub: pb_grpc.InferenceStub
 ) -> None:
     generate(stub, SMOLLM)
     generate(stub, GEMMA)  # SmolLM is idle and least recently used; Gemma is next
-    stream = stub.Generate(
-        pb.GenerateRequest(model=GEMMA, prompt="Count:", max_tokens=120, temperature=0)
-    )
-    next(stream)  # Gemma is now busy
+    held = Held(budget_server, GEMMA)
     with pytest.raises(grpc.RpcError) as caught:
-        generate(stub, SMALL)
+        generate(stub, SMALL)  # fails once --load-wait (0.5 s) has passed
+    held.release()
     assert caught.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
     assert GEMMA in (caught.value.details() or "")
-    events = list(stream)
-    assert events[-1].finished.usage.completion_tokens == 120
     # Nothing was evicted in vain: evicting SmolLM alone would not have made room.
     assert budget_server.server.pool.stats.evictions == []
     assert set(loaded(stub)) == {SMOLLM, GEMMA}
     generate(stub, SMALL)  # with Gemma idle again both go, least recently used first
     assert budget_server.server.pool.stats.evictions == [SMOLLM, GEMMA]
+
+
+def test_a_load_that_fits_goes_ahead_while_another_waits_for_a_busy_model(
+    needs: dict[str, int],
+) -> None:
+    # Room for SmolLM, Gemma and TINY; gemma-small fits only once busy Gemma goes.
+    budget = needs[SMOLLM] + needs[GEMMA] + needs[TINY] + MiB
+    assert budget - needs[GEMMA] < needs[SMALL]
+    small = str(EMBEDDED_MODELS[SMOLLM].locate())
+    models = pool_settings(needs).models | {
+        TINY: ModelConfig(source=small, context_size=SMALL_CONTEXT)
+    }
+    settings = pool_settings(needs, memory_budget=budget, models=models, load_wait=60)
+    with serving(settings) as (running, stub), ThreadPoolExecutor(1) as client:
+        pool = running.server.pool
+        generate(stub, GEMMA)
+        held = Held(running, GEMMA)
+        waiting: Future[pb.GenerationFinished] = client.submit(generate, stub, SMALL)
+        assert eventually(lambda: pool.waiting_for_memory() == [SMALL])
+        assert generate(stub, TINY).usage.completion_tokens == 2  # loaded and served meanwhile
+        assert pool.waiting_for_memory() == [SMALL]
+        assert not waiting.done()
+        held.release()
+        assert waiting.result(timeout=120).usage.completion_tokens == 2
+        assert pool.stats.evictions == [SMOLLM, GEMMA]  # least recently used first
+        assert set(loaded(stub)) == {TINY, SMALL}
+        assert (pool.loading(), pool.used_bytes()) == ([], needs[TINY] + needs[SMALL])
+
+
+def test_a_failed_load_fails_its_waiters_and_the_next_request_retries(
+    needs: dict[str, int], tmp_path: Path
+) -> None:
+    late = tmp_path / "late.gguf"  # configured, but not there yet
+    models = pool_settings(needs).models | {"late": ModelConfig(source=str(late))}
+    with serving(pool_settings(needs, models=models)) as (running, stub):
+        with ThreadPoolExecutor(3) as clients:
+            calls = [clients.submit(generate, stub, "late") for _ in range(3)]
+            errors = [call.exception(timeout=120) for call in calls]
+        assert all(isinstance(error, grpc.RpcError) for error in errors)
+        codes = {error.code() for error in errors if isinstance(error, grpc.RpcError)}
+        assert codes == {grpc.StatusCode.NOT_FOUND}
+        assert running.server.pool.loading() == []
+        os.symlink(EMBEDDED_MODELS[SMOLLM].locate(), late)
+        assert generate(stub, "late").usage.completion_tokens == 2
+        assert running.server.pool.stats.loads["late"] == 1
 
 
 def test_concurrent_requests_for_an_unloaded_model_load_it_once(
@@ -167,12 +261,27 @@ def test_max_loaded_models_evicts_down_to_the_limit(needs: dict[str, int]) -> No
 def test_idle_models_are_unloaded_after_the_keep_alive_but_not_the_default(
     needs: dict[str, int],
 ) -> None:
-    with serving(pool_settings(needs, keep_alive=0.3)) as (_, stub):
+    with serving(pool_settings(needs, keep_alive=0.3)) as (running, stub):
+        pool = running.server.pool
         generate(stub, GEMMA)
-        assert GEMMA in loaded(stub)
-        deadline = time.monotonic() + 10
-        while GEMMA in loaded(stub) and time.monotonic() < deadline:
-            time.sleep(0.05)
+        assert pool.stats.loads[GEMMA] == 1  # it may already be gone again: no race here
+        assert eventually(lambda: GEMMA not in loaded(stub))
+        assert pool.stats.evictions == [GEMMA]
+        # The default model was idle as long, and stays.
+        assert set(loaded(stub)) == {SMOLLM}
+
+
+def test_the_keep_alive_never_unloads_a_model_in_use(needs: dict[str, int]) -> None:
+    with serving(pool_settings(needs, keep_alive=3600)) as (running, stub):
+        pool = running.server.pool
+        generate(stub, GEMMA)
+        (gemma,) = [m for m in pool.loaded() if m.name == GEMMA]
+        held = Held(running, GEMMA)
+        gemma.last_used = 0.0  # idle "since 1970", but a request holds it
+        assert running.run(pool.unload_idle()) == []
+        held.release()  # the release counts as a use: idle from now on
+        gemma.last_used = 0.0
+        assert running.run(pool.unload_idle()) == [GEMMA]
         assert set(loaded(stub)) == {SMOLLM}
 
 
@@ -194,3 +303,56 @@ def test_a_backend_that_fails_mid_forward_is_discarded_and_reloaded(
     assert pool.stats.loads[SMOLLM] == 2
     (fresh,) = [m for m in pool.loaded() if m.name == SMOLLM]
     assert fresh is not broken
+
+
+class ErrorLog:
+    """Stands in for the RPC layer's logger: keeps what each `exception` call was handling."""
+
+    def __init__(self) -> None:
+        self.handling: list[BaseException | None] = []
+
+    def exception(self, event: str, **fields: object) -> None:
+        self.handling.append(sys.exc_info()[1])
+
+    def info(self, event: str, **fields: object) -> None:
+        pass
+
+    def warning(self, event: str, **fields: object) -> None:
+        pass
+
+
+@pytest.mark.parametrize(
+    "target",
+    [
+        (text_generation, "fit_max_tokens"),  # preparing, on the worker
+        (SequenceDecoder, "push"),  # decoding, inside a scheduler step
+    ],
+    ids=["preparing", "decoding"],
+)
+def test_a_bug_of_ours_is_internal_and_leaves_the_model_loaded(
+    budget_server: RunningServer,
+    stub: pb_grpc.InferenceStub,
+    monkeypatch: pytest.MonkeyPatch,
+    target: tuple[Any, str],
+) -> None:
+    pool = budget_server.server.pool
+    generate(stub, SMOLLM)
+    (model,) = [m for m in pool.loaded() if m.name == SMOLLM]
+    errors = ErrorLog()
+
+    def bug(*args: object, **kwargs: object) -> Any:
+        raise TypeError("a bug of ours")
+
+    with monkeypatch.context() as patched:
+        patched.setattr(*target, bug)
+        patched.setattr(rpc, "log", errors)
+        with pytest.raises(grpc.RpcError) as caught:
+            generate(stub, SMOLLM)
+    assert caught.value.code() == grpc.StatusCode.INTERNAL
+    assert caught.value.details() == INTERNAL_MESSAGE
+    # Logged with its traceback: `exception` logs the one being handled.
+    assert [repr(error) for error in errors.handling] == [repr(TypeError("a bug of ours"))]
+    assert not model.broken
+    assert generate(stub, SMOLLM).usage.completion_tokens == 2
+    assert [m for m in pool.loaded() if m.name == SMOLLM] == [model]
+    assert pool.stats.loads[SMOLLM] == 1

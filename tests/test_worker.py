@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
+from collections.abc import Callable
 
 import pytest
 
@@ -76,13 +77,22 @@ def test_calls_sent_during_a_step_all_run_before_the_next_one() -> None:
                 release.wait()  # a long forward pass, during which requests arrive
             return steps < 1_000
 
+        def answering(future: asyncio.Future[int]) -> Callable[[], None]:
+            """A call that answers with the steps taken when it runs."""
+
+            def call() -> None:
+                loop.call_soon_threadsafe(future.set_result, steps)
+
+            return call
+
         worker.attach(step)
         worker.submit(lambda: None)
         await stepping.wait()
-        calls = [asyncio.ensure_future(worker.call(lambda: steps)) for _ in range(16)]
-        await asyncio.sleep(0.05)  # every call is in the inbox
+        answers = [loop.create_future() for _ in range(16)]
+        for answer in answers:  # all sent during the pass, however long it takes
+            worker.submit(answering(answer))
         release.set()
-        steps_seen.extend(await asyncio.gather(*calls))
+        steps_seen.extend(await asyncio.gather(*answers))
         worker.shutdown()
 
     asyncio.run(scenario())
