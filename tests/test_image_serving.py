@@ -4,24 +4,33 @@ from __future__ import annotations
 
 import io
 from collections.abc import Iterator
-from typing import Any
+from typing import Any, cast
 
 import grpc
 import pytest
+import torch
 from PIL import Image
 
 from inference.v1 import inference_pb2 as pb
 from inference.v1 import inference_pb2_grpc as pb_grpc
-from tests.conftest import GEMMA, collect, make_settings, serving
+from service.backends.diffusers_pipeline import DiffusersBackend
+from tests.conftest import GEMMA, RunningServer, collect, make_settings, serving
 from tests.tiny_pipeline import build_tiny_sd_pipeline
 
 
 @pytest.fixture(scope="module")
-def stub(tmp_path_factory: pytest.TempPathFactory) -> Iterator[pb_grpc.InferenceStub]:
+def image_server(
+    tmp_path_factory: pytest.TempPathFactory,
+) -> Iterator[tuple[RunningServer, pb_grpc.InferenceStub]]:
     models = tmp_path_factory.mktemp("image-models")
     build_tiny_sd_pipeline(models / "tiny-sd")
-    with serving(make_settings(models_dir=[models], image_max_steps=10)) as (_, stub):
-        yield stub
+    with serving(make_settings(models_dir=[models], image_max_steps=10)) as running:
+        yield running
+
+
+@pytest.fixture(scope="module")
+def stub(image_server: tuple[RunningServer, pb_grpc.InferenceStub]) -> pb_grpc.InferenceStub:
+    return image_server[1]
 
 
 def render(stub: pb_grpc.InferenceStub, **fields: Any) -> list[pb.GenerateImageResponse]:
@@ -104,3 +113,33 @@ def test_cancelling_mid_denoise_leaves_the_pipeline_usable(stub: pb_grpc.Inferen
     events = render(stub, seed=1, steps=2)
     assert events[-1].image.width == 64
     assert stub.Admit(pb.AdmitRequest(model="tiny-sd", capability=pb.CAPABILITY_IMAGE)).loaded
+
+
+def test_a_pipeline_that_fails_mid_denoise_is_discarded_and_reloaded(
+    image_server: tuple[RunningServer, pb_grpc.InferenceStub],
+) -> None:
+    running, stub = image_server
+    pool = running.server.pool
+    render(stub)
+    loads = pool.stats.loads["tiny-sd"]
+    (broken,) = [m for m in pool.loaded() if m.name == "tiny-sd"]
+    pipeline = cast(DiffusersBackend, broken.backend)._pipeline
+    assert pipeline is not None
+
+    def failing(module: torch.nn.Module, inputs: Any) -> None:
+        raise RuntimeError("CUDA error: an illegal memory access was encountered")
+
+    # torch itself raises, inside the pipeline's UNet, as a failing device would.
+    pipeline.unet.register_forward_pre_hook(failing)
+    with pytest.raises(grpc.RpcError) as caught:
+        render(stub)
+    assert caught.value.code() == grpc.StatusCode.INTERNAL
+    details = caught.value.details() or ""
+    assert "failed while generating" in details
+    assert "illegal memory access" in details
+    assert "loads it afresh" in details
+    assert broken.broken
+    assert render(stub, seed=3)[-1].image.width == 64
+    assert pool.stats.loads["tiny-sd"] == loads + 1
+    (fresh,) = [m for m in pool.loaded() if m.name == "tiny-sd"]
+    assert fresh is not broken
