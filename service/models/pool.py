@@ -430,7 +430,11 @@ class ModelPool:
 
     def _busy_message(self, name: str, need: int, device_need: int) -> str:
         busy = [m.name for m in self._loaded.values() if m.active_requests]
-        busy += [load.name for load in self._loading.values() if load.name != name]
+        busy += [
+            load.name
+            for load in self._loading.values()
+            if load.name != name and (load.host_bytes or load.device_bytes)
+        ]
         busy += [m.name for m in self._leaving.values()]
         on_gpu = f" and {format_bytes(device_need)} of GPU memory" if device_need else ""
         return (
@@ -526,9 +530,11 @@ class ModelPool:
     async def close(self) -> None:
         if self._housekeeping is not None:
             self._housekeeping.cancel()
-        for load in list(self._loading.values()):
-            if load.task is not None:
-                load.task.cancel()
+        loads = [load.task for load in self._loading.values() if load.task is not None]
+        for task in loads:
+            task.cancel()
+        # Awaited, so that no load is left half done when the event loop stops.
+        await asyncio.gather(*loads, *self._background, return_exceptions=True)
         models = [*self._loaded.values(), *self._leaving.values()]
         self._loaded, self._leaving = {}, {}
         for model in models:
