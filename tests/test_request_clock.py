@@ -1,14 +1,21 @@
-"""ttft_ms and queue_ms count from the request reaching the server, as the contract says:
-the wait for a server-wide concurrency slot is part of them."""
+"""Times count from the request reaching the server, as the contract says: the wait for a
+server-wide concurrency slot is part of a text request's ttft_ms and queue_ms, and of an
+image's total_ms and progress times."""
 
 from __future__ import annotations
 
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import TypeVar
 
 from inference.v1 import inference_pb2 as pb
-from tests.conftest import collect, finished_of, make_settings, serving
+from inference.v1 import inference_pb2_grpc as pb_grpc
+from tests.conftest import RunningServer, collect, finished_of, make_settings, serving
+from tests.test_external_image import wrapper
+
+T = TypeVar("T")
 
 
 def greedy(prompt: str, max_tokens: int) -> pb.GenerateRequest:
@@ -23,25 +30,49 @@ def eventually(condition: Callable[[], bool]) -> bool:
     return condition()
 
 
+def wait_behind_a_stream(
+    running: RunningServer, stub: pb_grpc.InferenceStub, second: Callable[[], T]
+) -> tuple[float, T]:
+    """Run `second` while a text stream holds the server's one concurrency slot.
+
+    Returns how long the client saw `second` wait for the slot, and its result.
+    """
+    gate = running.server.gate
+    first = stub.Generate(greedy("Count: 1, 2, 3,", max_tokens=64))
+    next(first)  # started: it holds the server's one slot
+    with ThreadPoolExecutor(1) as client:
+        result = client.submit(second)
+        assert eventually(lambda: gate.waiting == 1)
+        arrived_by = time.monotonic()  # the second reached the server before this
+        still_waiting_at = arrived_by
+        for _ in first:
+            now = time.monotonic()
+            if gate.waiting == 1:  # read after `now`: it had no slot yet at `now`
+                still_waiting_at = now
+        waited_ms = (still_waiting_at - arrived_by) * 1000
+        assert waited_ms > 0
+        return waited_ms, result.result(timeout=120)
+
+
 def test_queue_ms_counts_the_wait_for_a_concurrency_slot() -> None:
     with serving(make_settings(max_concurrent=1)) as (running, stub):
-        gate = running.server.gate
-        first = stub.Generate(greedy("Count: 1, 2, 3,", max_tokens=64))
-        next(first)  # started: it holds the server's one slot
-        with ThreadPoolExecutor(1) as client:
-            second = client.submit(lambda: collect(stub.Generate(greedy("Hello", 2))))
-            assert eventually(lambda: gate.waiting == 1)
-            arrived_by = time.monotonic()  # the second reached the server before this
-            still_waiting_at = arrived_by
-            for _ in first:
-                now = time.monotonic()
-                if gate.waiting == 1:  # read after `now`: it had no slot yet at `now`
-                    still_waiting_at = now
-            events = second.result(timeout=120)
-    # The client saw the second request wait at least this long; the server, which
-    # saw it arrive earlier and start later, must count at least as much.
-    waited_ms = (still_waiting_at - arrived_by) * 1000
+        waited_ms, events = wait_behind_a_stream(
+            running, stub, lambda: collect(stub.Generate(greedy("Hello", 2)))
+        )
+    # The server saw the request arrive before the client saw it wait, and start
+    # after: it must count at least what the client saw.
     timing = finished_of(events).timing
-    assert waited_ms > 0
     assert timing.queue_ms >= waited_ms
     assert timing.ttft_ms >= timing.queue_ms
+
+
+def test_an_image_total_counts_the_wait_for_a_concurrency_slot(tmp_path: Path) -> None:
+    command = wrapper(tmp_path, "mflux-generate", "ok")
+    settings = make_settings(max_concurrent=1, image_command=str(command))
+    request = pb.GenerateImageRequest(model="schnell", prompt="a red apple", width=64, height=32)
+    with serving(settings) as (running, stub):
+        waited_ms, events = wait_behind_a_stream(
+            running, stub, lambda: list(stub.GenerateImage(request))
+        )
+    assert events[-1].image.total_ms >= waited_ms
+    assert events[0].progress.elapsed_ms >= waited_ms
