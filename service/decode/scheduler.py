@@ -357,8 +357,9 @@ class OneAtATime:
             )
         if self._busy:
             return None
-        self._busy = True
-        return _Streaming(self._backend.generate(request.prompt_ids, request.sampling))
+        stream = self._backend.generate(request.prompt_ids, request.sampling)
+        self._busy = True  # only once it started: a failed start must not hold the place
+        return _Streaming(stream)
 
     def step(
         self, sequences: Sequence[ActiveSequence], before_compute: Callable[[], None]
