@@ -1,9 +1,11 @@
 """Model files for admission tests: metadata only, no weights.
 
-GGUF headers are written with the `gguf` package (key-values and tensor infos,
-no tensor data); checkpoints are a config.json and an optional stand-in for
-the safetensors files' size; the Hugging Face cache is laid out the way
-huggingface_hub lays it out (refs/, snapshots/ with symlinks into blobs/).
+GGUF headers are written with the `gguf` package (key-values and tensor infos),
+then the file is extended to its full size with a hole, so admission finds
+every tensor's data inside the file without any being written; checkpoints are
+a config.json and an optional stand-in for the safetensors files' size; the
+Hugging Face cache is laid out the way huggingface_hub lays it out (refs/,
+snapshots/ with symlinks into blobs/).
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ import json
 import os
 import shutil
 from collections.abc import Sequence
+from itertools import cycle
 from pathlib import Path
 from typing import Any
 
@@ -19,6 +22,7 @@ import gguf
 import numpy as np
 
 Q = gguf.GGMLQuantizationType
+ALIGNMENT = gguf.GGUF_DEFAULT_ALIGNMENT
 
 
 def write_gguf_header(
@@ -32,25 +36,71 @@ def write_gguf_header(
     kv_heads: int = 2,
     width: int = 256,
     context: int = 2048,
+    vocabulary: int = 64,
 ) -> Path:
+    """A model file whose header is complete and consistent: the tensors of a plain
+    transformer of `layers` blocks, their weights in `tensor_types` in turn, norms in
+    F32. The data section is a hole of the right size (zeros, no disk)."""
     writer = gguf.GGUFWriter(path, architecture)
     writer.add_block_count(layers)
     writer.add_head_count(heads)
     writer.add_head_count_kv(kv_heads)
     writer.add_embedding_length(width)
+    writer.add_feed_forward_length(width)
     writer.add_context_length(context)
+    writer.add_token_list([f"<t{index}>" for index in range(vocabulary)])
     if file_type is not None:
         writer.add_file_type(file_type)
-    for index, ggml_type in enumerate(tensor_types):
-        _, type_size = gguf.GGML_QUANT_SIZES[ggml_type]
-        shape = (width, 4 * type_size)  # in bytes: 4 blocks per row
-        nbytes = width * 4 * type_size
-        writer.add_tensor_info(f"blk.{index}.weight", shape, np.dtype(np.uint8), nbytes, ggml_type)
+    kv_width = width // heads * kv_heads
+    weights = cycle(tensor_types)
+    shapes = _transformer_shapes(layers, width, kv_width, vocabulary)
+    data_bytes = 0
+    for name, (columns, rows) in shapes.items():
+        ggml_type = Q.F32 if name.endswith("norm.weight") else next(weights)
+        data_bytes += _add_tensor(writer, name, columns, rows, ggml_type)
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
     writer.write_ti_data_to_file()
     writer.close()
+    _extend_with_hole(path, data_bytes)
     return path
+
+
+def _transformer_shapes(
+    layers: int, width: int, kv_width: int, vocabulary: int
+) -> dict[str, tuple[int, int]]:
+    """(elements per row, rows) of each tensor, as llama.cpp's llama builder wants them."""
+    shapes = {"token_embd.weight": (width, vocabulary), "output_norm.weight": (width, 1)}
+    for layer in range(layers):
+        block = {
+            "attn_norm": (width, 1),
+            "attn_q": (width, width),
+            "attn_k": (width, kv_width),
+            "attn_v": (width, kv_width),
+            "attn_output": (width, width),
+            "ffn_norm": (width, 1),
+            "ffn_gate": (width, width),
+            "ffn_up": (width, width),
+            "ffn_down": (width, width),
+        }
+        shapes.update({f"blk.{layer}.{role}.weight": shape for role, shape in block.items()})
+    return shapes
+
+
+def _add_tensor(writer: gguf.GGUFWriter, name: str, columns: int, rows: int, ggml_type: Q) -> int:
+    """Adds the tensor's info; returns the bytes its data takes, padded as a writer pads."""
+    block, block_bytes = gguf.GGML_QUANT_SIZES[ggml_type]
+    row_bytes = columns // block * block_bytes
+    shape = (row_bytes,) if rows == 1 else (rows, row_bytes)
+    nbytes = rows * row_bytes
+    writer.add_tensor_info(name, shape, np.dtype(np.uint8), nbytes, ggml_type)
+    return nbytes + (-nbytes % ALIGNMENT)
+
+
+def _extend_with_hole(path: Path, data_bytes: int) -> None:
+    with path.open("r+b") as file:
+        header = file.seek(0, 2)
+        file.truncate(header + (-header % ALIGNMENT) + data_bytes)
 
 
 def write_checkpoint(directory: Path, config: dict[str, Any], weights_bytes: int = 0) -> Path:

@@ -12,7 +12,7 @@ import pytest
 
 from inference.v1 import inference_pb2 as pb
 from inference.v1 import inference_pb2_grpc as pb_grpc
-from service.admission import gates
+from service.admission import gates, ggml_types
 from service.admission.quantization import QuantScheme, from_checkpoint_config
 from service.models.embedded import EMBEDDED_MODELS
 from tests.conftest import SMOLLM, collect, finished_of, make_settings, serving
@@ -97,10 +97,12 @@ def test_llama_cpp_is_asked_about_architectures() -> None:
 
 
 def test_ggml_says_which_tensor_types_it_decodes() -> None:
-    assert gates._ggml_type_problem(int(Q.Q4_K)) is None
-    assert gates._ggml_type_problem(int(Q.MXFP4)) is None
-    assert "REMOVED" in (gates._ggml_type_problem(31) or "")  # Q4_0_4_4, repacked at run time now
-    assert "newer than this build" in (gates._ggml_type_problem(4000) or "")
+    assert ggml_types.type_problem(int(Q.Q4_K)) is None
+    assert ggml_types.type_problem(int(Q.MXFP4)) is None
+    assert "REMOVED" in (ggml_types.type_problem(31) or "")  # Q4_0_4_4, repacked at run time now
+    assert "newer than this build" in (ggml_types.type_problem(4000) or "")
+    # ggml's own sizes, not the gguf package's table (which says 40 bytes for Q8_1).
+    assert (ggml_types.block_size(int(Q.Q8_1)), ggml_types.block_bytes(int(Q.Q8_1))) == (32, 36)
 
 
 def test_mlx_lm_is_asked_through_its_own_registry() -> None:

@@ -12,10 +12,12 @@ from __future__ import annotations
 import dataclasses
 import enum
 from dataclasses import dataclass
+from pathlib import Path
 
 from inference.v1 import inference_pb2 as pb
 from service.admission.describe import (
     ModelDescription,
+    UnreadableModel,
     describe_checkpoint,
     describe_gguf,
     describe_pipeline,
@@ -63,21 +65,31 @@ class Decision:
 
 
 def decide(source: ModelSource, capability: Capability, *, offline: bool) -> Decision:
+    """Whether this build serves the model, from its metadata. A model whose metadata is
+    broken is refused with the reason, never an error: it is the caller's bad model."""
     if source.path is None:
         return _not_cached(source, offline)
-    if source.kind == "diffusers":
-        description = describe_pipeline(source.path)
+    if capability is Capability.IMAGE and source.kind != "diffusers":
+        return Decision(False, f"{source.path.name} is a text model; call Generate", "", None, True)
+    backend = {"diffusers": DIFFUSERS, "gguf": LLAMA_CPP}.get(source.kind, MLX_LM)
+    try:
+        return _decide_local(source.path, source.kind, capability)
+    except UnreadableModel as exc:
+        return Decision(False, str(exc), backend, None, available_locally=True)
+
+
+def _decide_local(path: Path, kind: str, capability: Capability) -> Decision:
+    if kind == "diffusers":
+        description = describe_pipeline(path)
         if capability is not Capability.IMAGE:
-            refusal = f"{source.path.name} is an image pipeline; call GenerateImage"
+            refusal = f"{path.name} is an image pipeline; call GenerateImage"
             return _verdict(DIFFUSERS, description, refusal)
         return _verdict(DIFFUSERS, description, diffusers_refusal(description))
-    if capability is Capability.IMAGE:
-        return Decision(False, f"{source.path.name} is a text model; call Generate", "", None, True)
-    if source.kind == "gguf":
-        description = describe_gguf(source.path)
+    if kind == "gguf":
+        description = describe_gguf(path)
         verdict = _verdict(LLAMA_CPP, description, llama_cpp_refusal(description))
         return dataclasses.replace(verdict, offloads=llama_cpp_offloads())
-    description = describe_checkpoint(source.path)
+    description = describe_checkpoint(path)
     return _verdict(MLX_LM, description, mlx_lm_refusal(description))
 
 

@@ -4,11 +4,20 @@ A GGUF file's header (key-values and tensor infos; the weights stay on disk,
 memory-mapped and untouched) or a checkpoint directory's config.json and file
 sizes give the architecture, the quantization, the size of the weights and
 the KV cache a token costs.
+
+A model whose metadata is broken is the caller's bad model, not a failed
+request: metadata that cannot be read at all raises `UnreadableModel`, and
+metadata that reads but is inconsistent (a GGUF block count of 600, a
+config.json with num_hidden_layers "abc") gives a description whose `defect`
+says what is wrong. Admission turns both into a refusal with that reason.
+Both are cached by path, size and modification time, so asking again about
+the same broken file costs nothing.
 """
 
 from __future__ import annotations
 
 import json
+import re
 from collections import Counter
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -18,16 +27,29 @@ from typing import Any
 
 import gguf
 
-from service.admission.gguf_header import GGUFFormatError, read_gguf_header
+from service.admission.ggml_types import block_size, type_name
+from service.admission.gguf_checks import gguf_problem
+from service.admission.gguf_header import (
+    GGUFArray,
+    GGUFFormatError,
+    GGUFHeader,
+    read_gguf_header,
+)
 from service.admission.quantization import (
     Quantization,
     from_checkpoint_config,
     from_gguf_type_name,
 )
-from service.errors import InvalidRequest
+from service.errors import excerpt
 from service.models.memory import cells_per_sequence
 
 KV_BYTES_PER_VALUE = 2  # f16 K and V caches, the default of both backends
+# config.json and model_index.json are a few KB; a larger one is not a config.
+MAX_JSON_BYTES = 4 << 20
+
+
+class UnreadableModel(Exception):
+    """The model's metadata cannot be read at all; the message says why."""
 
 
 @dataclass(frozen=True)
@@ -44,6 +66,8 @@ class ModelDescription:
     tensor_types: frozenset[int] = frozenset()
     # safetensors only: the parsed config.json, for the backend's own registry.
     config: Mapping[str, Any] = field(default_factory=dict)
+    # What is wrong with the metadata, in words; empty when nothing is.
+    defect: str = ""
 
     def memory_bytes(
         self, context_size: int, sequences: int = 1, *, pooled: bool = False
@@ -63,18 +87,30 @@ class ModelDescription:
 
 
 def describe_gguf(path: Path) -> ModelDescription:
-    stat = path.stat()
-    return _describe_gguf_cached(path, stat.st_size, stat.st_mtime_ns)
+    try:
+        stat = path.stat()
+        result = _describe_gguf_cached(path, stat.st_size, stat.st_mtime_ns)
+    except OSError as exc:  # not cached: it may be gone by the next call
+        raise UnreadableModel(f"the model file cannot be read: {exc.strerror or exc}") from exc
+    if isinstance(result, str):
+        raise UnreadableModel(result)
+    return result
 
 
 @lru_cache(maxsize=64)
-def _describe_gguf_cached(path: Path, size: int, mtime_ns: int) -> ModelDescription:
+def _describe_gguf_cached(path: Path, size: int, mtime_ns: int) -> ModelDescription | str:
+    """The description, or why the header cannot be read; both are cached."""
     try:
         header = read_gguf_header(path)
-    except (GGUFFormatError, OSError) as exc:
-        raise InvalidRequest(f"{path.name} is not a readable GGUF file: {exc}") from exc
+    except GGUFFormatError as exc:
+        return f"the file is not a readable GGUF file: {exc}"
+    return _describe_header(header)
+
+
+def _describe_header(header: GGUFHeader) -> ModelDescription:
     values = header.values
-    arch = str(values.get("general.architecture", ""))
+    arch = values.get("general.architecture")
+    arch = arch if isinstance(arch, str) else ""
     counts: Counter[int] = Counter()
     for tensor in header.tensors:
         counts[tensor.ggml_type] += tensor.n_elements
@@ -82,12 +118,22 @@ def _describe_gguf_cached(path: Path, size: int, mtime_ns: int) -> ModelDescript
         format="gguf",
         architecture=arch,
         quantization=_gguf_quantization(values, counts),
-        weights_bytes=size,
+        weights_bytes=header.file_size,
         kv_bytes_per_token=_gguf_kv_bytes_per_token(values, arch),
-        trained_context=int(values.get(f"{arch}.context_length", 0)),
-        layer_count=int(values.get(f"{arch}.block_count", 0)),
+        trained_context=_count(values.get(f"{arch}.context_length")),
+        layer_count=_count(values.get(f"{arch}.block_count")),
         tensor_types=frozenset(counts),
+        defect=gguf_problem(header) or "",
     )
+
+
+def _count(value: Any, default: int = 0) -> int:
+    """A count from metadata: a whole number, the largest of a per-layer array, else default."""
+    if isinstance(value, GGUFArray):
+        value = max(value.items, default=default)
+    if isinstance(value, int) and not isinstance(value, bool) and value >= 0:
+        return value
+    return default
 
 
 def _gguf_quantization(values: Mapping[str, Any], counts: Counter[int]) -> Quantization:
@@ -99,8 +145,9 @@ def _gguf_quantization(values: Mapping[str, Any], counts: Counter[int]) -> Quant
     quantized = [t for t in counts if t not in _FLOAT_TYPES] or list(counts)
     if not quantized:
         return from_gguf_type_name("F32")
-    dominant = gguf.GGMLQuantizationType(max(quantized, key=lambda t: counts[t]))
-    return from_gguf_type_name(dominant.name, _block_size(dominant))
+    dominant = max(quantized, key=lambda t: counts[t])
+    # ggml, not the gguf package, knows every type this build reads.
+    return from_gguf_type_name(type_name(dominant).upper(), block_size(dominant))
 
 
 def _base_type(file_type_name: str) -> gguf.GGMLQuantizationType | None:
@@ -132,47 +179,102 @@ _FILE_TYPE_NAMES = {
 
 
 def _gguf_kv_bytes_per_token(values: Mapping[str, Any], arch: str) -> int:
-    layers = int(values.get(f"{arch}.block_count", 0))
-    heads = int(values.get(f"{arch}.attention.head_count", 0) or 0)
-    kv_heads_value = values.get(f"{arch}.attention.head_count_kv", heads)
-    # Some architectures give a per-layer list of KV head counts.
-    kv_heads = max(kv_heads_value) if isinstance(kv_heads_value, list) else int(kv_heads_value)
-    width = int(values.get(f"{arch}.embedding_length", 0))
+    layers = _count(values.get(f"{arch}.block_count"))
+    heads = _count(values.get(f"{arch}.attention.head_count"))
+    # Some architectures give a per-layer list of KV head counts: the largest counts.
+    kv_heads = _count(values.get(f"{arch}.attention.head_count_kv"), heads)
+    width = _count(values.get(f"{arch}.embedding_length"))
     default_head = width // heads if heads else 0
-    key = int(values.get(f"{arch}.attention.key_length", default_head))
-    value = int(values.get(f"{arch}.attention.value_length", default_head))
+    key = _count(values.get(f"{arch}.attention.key_length"), default_head)
+    value = _count(values.get(f"{arch}.attention.value_length"), default_head)
     return layers * kv_heads * (key + value) * KV_BYTES_PER_VALUE
 
 
 def describe_checkpoint(directory: Path) -> ModelDescription:
     config = read_config(directory)
-    text = config.get("text_config") if isinstance(config.get("text_config"), Mapping) else config
-    assert isinstance(text, Mapping)
+    text_config = config.get("text_config")
+    text = text_config if isinstance(text_config, Mapping) else config
     weights = sum(f.stat().st_size for f in directory.glob("*.safetensors"))
+    model_type = config.get("model_type")
     return ModelDescription(
         format="safetensors",
-        architecture=str(config.get("model_type", "")),
+        architecture=model_type if isinstance(model_type, str) else "",
         quantization=from_checkpoint_config(config),
         weights_bytes=weights,
         kv_bytes_per_token=_config_kv_bytes_per_token(text),
-        trained_context=int(text.get("max_position_embeddings") or 0),
+        trained_context=_count(text.get("max_position_embeddings")),
         config=config,
+        defect=_config_problem(config, text) or "",
     )
+
+
+# Sizes a config.json states, each a whole number >= 0 when present.
+_CONFIG_COUNTS = (
+    "num_hidden_layers",
+    "num_attention_heads",
+    "num_key_value_heads",
+    "hidden_size",
+    "head_dim",
+    "intermediate_size",
+    "vocab_size",
+    "max_position_embeddings",
+)
+# A model_type names a Python module of the backend (mlx_lm.models.<model_type>).
+_MODULE_NAME = re.compile(r"[A-Za-z0-9_-]{1,64}")
+
+
+def _config_problem(config: Mapping[str, Any], text: Mapping[str, Any]) -> str | None:
+    """What in a checkpoint's config.json no loader could use, in words; None if nothing."""
+    model_type = config.get("model_type")
+    if model_type is not None and not isinstance(model_type, str):
+        return f"config.json's model_type is {_shown(model_type)}; it must be a string"
+    if model_type and not _MODULE_NAME.fullmatch(model_type):
+        return (
+            f"config.json's model_type {excerpt(model_type)} is not a name a model module "
+            "could have (letters, digits, '_' and '-')"
+        )
+    if "text_config" in config and not isinstance(config["text_config"], Mapping):
+        return f"config.json's text_config is {_shown(config['text_config'])}; it must be an object"
+    architectures = config.get("architectures")
+    if architectures is not None and not _strings(architectures):
+        return f"config.json's architectures is {_shown(architectures)}; it must list names"
+    for key in _CONFIG_COUNTS:
+        value = text.get(key)
+        if value is not None and _count(value, -1) < 0:
+            return f"config.json's {key} is {_shown(value)}; it must be a whole number >= 0"
+    return None
+
+
+def _strings(value: Any) -> bool:
+    return isinstance(value, str) or (
+        isinstance(value, list) and all(isinstance(item, str) for item in value)
+    )
+
+
+def _shown(value: Any) -> str:
+    """A JSON value for a message: its text cut short, and its type."""
+    return f"{excerpt(json.dumps(value))} (a {type(value).__name__})"
 
 
 def describe_pipeline(directory: Path) -> ModelDescription:
     """A diffusers pipeline directory: its class and the size and dtype of its weights."""
-    index = _read_json(directory / "model_index.json", directory.name)
+    index = _read_json(directory / "model_index.json")
     weights = [f for f in directory.rglob("*") if f.suffix in (".safetensors", ".bin")]
     dtype = next((d for f in weights if (d := _safetensors_dtype(f))), "float32")
+    class_name = index.get("_class_name", "")
+    defect = ""
+    if not isinstance(class_name, str):
+        defect = f"model_index.json's _class_name is {_shown(class_name)}; it must be a string"
+        class_name = ""
     return ModelDescription(
         format="diffusers",
-        architecture=str(index.get("_class_name", "")),
+        architecture=class_name,
         quantization=from_checkpoint_config({"torch_dtype": dtype}),
         weights_bytes=sum(f.stat().st_size for f in weights),
         kv_bytes_per_token=0,
         trained_context=0,
         config=index,
+        defect=defect,
     )
 
 
@@ -187,34 +289,46 @@ def _safetensors_dtype(path: Path) -> str | None:
         with path.open("rb") as file:
             length = int.from_bytes(file.read(8), "little")
             header = json.loads(file.read(min(length, 1 << 24)))
-    except (OSError, ValueError):
+    except (OSError, ValueError, RecursionError):
+        return None
+    if not isinstance(header, dict):
         return None
     for name, info in header.items():
-        if name != "__metadata__" and info.get("dtype") in _SAFETENSORS_DTYPES:
-            return _SAFETENSORS_DTYPES[info["dtype"]]
+        dtype = info.get("dtype") if isinstance(info, dict) else None
+        if name != "__metadata__" and isinstance(dtype, str) and dtype in _SAFETENSORS_DTYPES:
+            return _SAFETENSORS_DTYPES[dtype]
     return None
 
 
 def read_config(directory: Path) -> dict[str, Any]:
-    return _read_json(directory / "config.json", directory.name)
+    return _read_json(directory / "config.json")
 
 
-def _read_json(path: Path, label: str) -> dict[str, Any]:
+def _read_json(path: Path) -> dict[str, Any]:
+    """A JSON object from a small file, or UnreadableModel saying what is wrong.
+
+    Messages name the file, not its directory: that is the client's model name,
+    which the reply already carries."""
     try:
-        data = json.loads(path.read_text())
+        size = path.stat().st_size
+        data = json.loads(path.read_bytes()) if size <= MAX_JSON_BYTES else None
     except OSError as exc:
-        raise InvalidRequest(f"{label} has no readable {path.name}: {exc}") from exc
-    except json.JSONDecodeError as exc:
-        raise InvalidRequest(f"{label}/{path.name} is not valid JSON: {exc}") from exc
+        raise UnreadableModel(f"the model has no readable {path.name}: {exc.strerror}") from exc
+    except RecursionError as exc:
+        raise UnreadableModel(f"{path.name} nests its values too deeply to read") from exc
+    except ValueError as exc:  # JSONDecodeError, or bytes that are not UTF-8
+        raise UnreadableModel(f"{path.name} is not valid JSON: {exc}") from exc
+    if size > MAX_JSON_BYTES:
+        raise UnreadableModel(f"{path.name} is {size} bytes; a config is at most {MAX_JSON_BYTES}")
     if not isinstance(data, dict):
-        raise InvalidRequest(f"{label}/{path.name} is not a JSON object")
+        raise UnreadableModel(f"{path.name} is not a JSON object")
     return data
 
 
 def _config_kv_bytes_per_token(config: Mapping[str, Any]) -> int:
-    layers = int(config.get("num_hidden_layers") or 0)
-    heads = int(config.get("num_attention_heads") or 0)
-    kv_heads = int(config.get("num_key_value_heads") or heads)
-    hidden = int(config.get("hidden_size") or 0)
-    head_dim = int(config.get("head_dim") or (hidden // heads if heads else 0))
+    layers = _count(config.get("num_hidden_layers"))
+    heads = _count(config.get("num_attention_heads"))
+    kv_heads = _count(config.get("num_key_value_heads")) or heads
+    hidden = _count(config.get("hidden_size"))
+    head_dim = _count(config.get("head_dim")) or (hidden // heads if heads else 0)
     return layers * kv_heads * 2 * head_dim * KV_BYTES_PER_VALUE

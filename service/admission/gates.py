@@ -16,17 +16,18 @@ Each gate returns None when the model passes, else a reason a person can act on.
 
 from __future__ import annotations
 
-import ctypes
 import importlib.util
 import sys
 import tempfile
 from collections.abc import Mapping
-from functools import cache
+from functools import cache, lru_cache
 from pathlib import Path
 from typing import Any
 
 from service.admission.describe import ModelDescription
+from service.admission.ggml_types import type_problem
 from service.admission.quantization import QuantScheme
+from service.errors import excerpt
 
 LLAMA_CPP = "llama.cpp"
 MLX_LM = "mlx-lm"
@@ -38,7 +39,7 @@ DIFFUSERS = "diffusers"
 
 def llama_cpp_refusal(description: ModelDescription) -> str | None:
     for ggml_type in sorted(description.tensor_types):
-        problem = _ggml_type_problem(ggml_type)
+        problem = type_problem(ggml_type)
         if problem:
             return f"llama.cpp in this build cannot decode tensor type {ggml_type}: {problem}"
     if not description.architecture:
@@ -46,9 +47,10 @@ def llama_cpp_refusal(description: ModelDescription) -> str | None:
     if not llama_cpp_knows_architecture(description.architecture):
         return (
             f"llama.cpp in this build does not implement the architecture "
-            f"{description.architecture!r}; a newer llama-cpp-python may"
+            f"{excerpt(description.architecture)}; a newer llama-cpp-python may"
         )
-    return None
+    # After the architecture: the hyper-parameters' keys are named after it.
+    return description.defect or None
 
 
 @cache
@@ -63,30 +65,7 @@ def llama_cpp_offloads() -> bool:
     return bool(llama_cpp.llama_supports_gpu_offload()) and sys.platform != "darwin"
 
 
-@cache
-def _ggml() -> ctypes.CDLL:
-    import llama_cpp
-    from llama_cpp._ctypes_extensions import load_shared_library
-
-    lib: ctypes.CDLL = load_shared_library("ggml-base", Path(llama_cpp.__file__).parent / "lib")
-    lib.ggml_type_name.restype = ctypes.c_char_p
-    lib.ggml_type_name.argtypes = [ctypes.c_int]
-    lib.ggml_blck_size.restype = ctypes.c_int64
-    lib.ggml_blck_size.argtypes = [ctypes.c_int]
-    return lib
-
-
-def _ggml_type_problem(ggml_type: int) -> str | None:
-    import llama_cpp
-
-    if not 0 <= ggml_type < llama_cpp.GGML_TYPE_COUNT:
-        return "the type is newer than this build"
-    if _ggml().ggml_blck_size(ggml_type) == 0:  # removed types keep a name saying why
-        return bytes(_ggml().ggml_type_name(ggml_type)).decode(errors="replace")
-    return None
-
-
-@cache
+@lru_cache(maxsize=128)  # bounded: the name comes from whatever file was admitted
 def llama_cpp_knows_architecture(architecture: str) -> bool:
     import gguf
     import llama_cpp
@@ -113,6 +92,8 @@ def llama_cpp_knows_architecture(architecture: str) -> bool:
 
 
 def mlx_lm_refusal(description: ModelDescription) -> str | None:
+    if description.defect:
+        return description.defect
     quantization = description.quantization
     if quantization.scheme is QuantScheme.UNKNOWN_METHOD:
         return (
@@ -130,7 +111,7 @@ def mlx_lm_refusal(description: ModelDescription) -> str | None:
     if module is None:
         return (
             f"mlx-lm in this build does not implement the architecture "
-            f"{description.architecture!r}; a newer mlx-lm may"
+            f"{excerpt(description.architecture)}; a newer mlx-lm may"
         )
     return None
 
@@ -144,34 +125,43 @@ def mlx_lm_model_module(config: Mapping[str, Any]) -> str | None:
     if isinstance(architectures, str):
         architectures = (architectures,)
     for architecture in architectures:
-        remapped = MODEL_ARCHITECTURE_REMAPPING.get((model_type, architecture))
+        remapped = MODEL_ARCHITECTURE_REMAPPING.get((model_type, str(architecture)))
         if remapped is not None:
             model_type = remapped
             break
     else:
         model_type = MODEL_REMAPPING.get(model_type, model_type)
     name = f"mlx_lm.models.{model_type}"
-    return name if model_type and importlib.util.find_spec(name) is not None else None
+    if not model_type.isidentifier():  # "x.y" or "" would make find_spec import or raise
+        return None
+    return name if importlib.util.find_spec(name) is not None else None
 
 
 # --- diffusers --------------------------------------------------------------------------
 
 
 def diffusers_refusal(description: ModelDescription) -> str | None:
+    if description.defect:
+        return description.defect
     if importlib.util.find_spec("diffusers") is None:
         return "diffusers pipelines need the diffusers package, which this build does not include"
     if not description.architecture:
         return "model_index.json names no pipeline _class_name"
     if not diffusers_has_pipeline(description.architecture):
         return (
-            f"diffusers in this build has no pipeline class {description.architecture!r}; "
+            f"diffusers in this build has no pipeline class {excerpt(description.architecture)}; "
             "a newer diffusers may, or map the model to the external image command"
         )
     return None
 
 
-@cache
+@lru_cache(maxsize=128)  # bounded: the name comes from whatever pipeline was admitted
 def diffusers_has_pipeline(class_name: str) -> bool:
     import diffusers  # about 3 s the first time; admission runs off the event loop
 
-    return isinstance(getattr(diffusers, class_name, None), type)
+    if not class_name.isidentifier():
+        return False
+    try:
+        return isinstance(getattr(diffusers, class_name, None), type)
+    except ImportError:  # a pipeline whose optional dependency this build lacks
+        return False
