@@ -127,7 +127,9 @@ class _PoolCollector(Collector):
         yield loaded
         yield GaugeMetricFamily("inference_models_loaded", "Models loaded now.", len(models))
         yield GaugeMetricFamily(
-            "inference_pool_used_bytes", "Memory the loaded models use.", pool.used_bytes()
+            "inference_pool_used_bytes",
+            "Memory of the budget in use: loaded models, loads in progress, models closing.",
+            pool.used_bytes(),
         )
         yield GaugeMetricFamily(
             "inference_pool_budget_bytes", "The pool's memory budget.", pool.limits.budget_bytes

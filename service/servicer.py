@@ -109,11 +109,12 @@ class InferenceServicer(pb_grpc.InferenceServicer):
     async def GenerateImage(
         self, request: pb.GenerateImageRequest, summary: Summary
     ) -> AsyncIterator[pb.GenerateImageResponse]:
+        received_at = time.monotonic()
         check_model_name(request.model)
         image_request = ImageRequest.from_pb(request, self._image_limits, self._default_image_model)
         summary.update(model=image_request.model, seed=image_request.seed)
         async with self._gate.slot():
-            async for event in self._images.generate(image_request):
+            async for event in self._images.generate(image_request, received_at=received_at):
                 if isinstance(event, ImageDone):
                     if self.metrics is not None:
                         self.metrics.image(event)
