@@ -48,6 +48,7 @@ def write_gguf_header(
     writer.add_embedding_length(width)
     writer.add_feed_forward_length(width)
     writer.add_context_length(context)
+    writer.add_tokenizer_model("gpt2")
     writer.add_token_list([f"<t{index}>" for index in range(vocabulary)])
     if file_type is not None:
         writer.add_file_type(file_type)

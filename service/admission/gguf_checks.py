@@ -10,7 +10,8 @@ showed what takes the whole process down rather than failing the load:
 - SIGABRT at the first decode: a NaN (or negative) norm epsilon; a rope
   dimension count that is odd or larger than the head (Gemma 3); a hang with
   a rope dimension count of 0;
-- SIGSEGV at the first decode: an integer or F64 weight (I8 ... I64, F64).
+- SIGSEGV at the first decode: an integer or F64 weight (I8 ... I64, F64);
+  SIGABRT with a norm's weights in any type but F32.
 Shapes that disagree with the hyper-parameters, wrong key types and per-layer
 arrays of the wrong length made llama.cpp raise instead, which the backend
 reports; they are refused here too, with the numbers that disagree, so that
@@ -48,11 +49,33 @@ ROPE_SCALING_TYPES = ("none", "linear", "yarn", "longrope")
 _INT32_MAX = 2**31 - 1
 _INT64_MAX = 2**63 - 1
 _UINT32, _INT32, _FLOAT32, _BOOL = 4, 5, 6, 7
+_F32_TENSOR = 0  # ggml's F32 tensor type
 
 # Architectures whose attention and feed-forward tensors llama.cpp creates with
 # the plain shapes checked in `_shape_problem` (read in its src/models/*.cpp).
 STANDARD_SHAPES = frozenset(
     {"llama", "gemma", "gemma2", "gemma3", "granite", "smollm3", "mistral3", "exaone", "arcee"}
+)
+# tokenizer.ggml.model values llama.cpp builds a tokenizer for; "none" and
+# "no_vocab" load, but the first prompt aborts the process.
+TOKENIZERS = (
+    "llama",
+    "bert",
+    "gpt2",
+    "hybriddna",
+    "whitespace",
+    "t5",
+    "rwkv",
+    "test",
+    "plamo2",
+    "gemma4",
+)
+_NO_VOCABULARY = ("none", "no_vocab")
+# Tokens llama.cpp adds around a prompt when asked to, and the id each needs.
+_ADDED_TOKENS = (
+    ("tokenizer.ggml.add_bos_token", "tokenizer.ggml.bos_token_id"),
+    ("tokenizer.ggml.add_eos_token", "tokenizer.ggml.eos_token_id"),
+    ("tokenizer.ggml.add_sep_token", "tokenizer.ggml.seperator_token_id"),  # llama.cpp's spelling
 )
 # Architectures where llama.cpp requires the rotary dimensions to fill the head.
 _ROPE_FILLS_HEAD = frozenset({"llama", "deci", "falcon", "llama-embed"})
@@ -244,7 +267,18 @@ def _weight_type_problem(model: _Model) -> str | None:
                 "computes with float and quantized weights only (its matrix product crashes "
                 "on this type)"
             )
+        if tensor.ggml_type != _F32_TENSOR and _is_vector(tensor):
+            return (
+                f"{_tensor(tensor)} is a norm or a vector stored as "
+                f"{type_name(tensor.ggml_type)}; llama.cpp multiplies and adds these in F32 "
+                "only (its converter always writes them so) and aborts on other types"
+            )
     return None
+
+
+def _is_vector(tensor: TensorInfo) -> bool:
+    """A norm's weights or a bias: one row, or a tensor named a norm."""
+    return tensor.name.endswith("_norm.weight") or all(dim == 1 for dim in tensor.dims[1:])
 
 
 # --- hyper-parameters ---------------------------------------------------------------------
@@ -412,6 +446,40 @@ def _vocabulary_problem(model: _Model) -> str | None:
     return None
 
 
+def _tokenizer_problem(model: _Model) -> str | None:
+    values, key = model.header.values, "tokenizer.ggml.model"
+    if key not in values:
+        return f"the file has no {key}, which llama.cpp requires"
+    model.expect_type(key, STRING)
+    name = values[key]
+    if name in _NO_VOCABULARY:
+        return (
+            f"{key} is {name!r}: the model has no vocabulary, so it can neither read a prompt "
+            "nor write text (llama.cpp aborts when asked to)"
+        )
+    if name not in TOKENIZERS:
+        shown = excerpt(name) if isinstance(name, str) else f"a {name.length}-byte string"
+        return f"{key} is {shown}; llama.cpp knows {', '.join(TOKENIZERS)}"
+    return _added_token_problem(model)
+
+
+def _added_token_problem(model: _Model) -> str | None:
+    """A token llama.cpp is told to add to every prompt must exist: it aborts otherwise."""
+    values = model.header.values
+    tokens = values.get("tokenizer.ggml.tokens")
+    size = tokens.length if isinstance(tokens, Skipped) else 0
+    for flag, id_key in _ADDED_TOKENS:
+        if values.get(flag) is not True:
+            continue
+        if id_key not in values:
+            return f"{flag} is true, but the file has no {id_key}"
+        model.expect_type(id_key, _UINT32)
+        token: int = values[id_key]
+        if token >= size:
+            return f"{flag} is true, but {id_key} is {token}, outside the {size}-token vocabulary"
+    return None
+
+
 def _missing_tensor_problem(model: _Model) -> str | None:
     """The tensors every layer of a plain transformer needs, in the architectures checked."""
     if model.arch not in STANDARD_SHAPES:
@@ -508,6 +576,7 @@ _CHECKS: tuple[Callable[[_Model], str | None], ...] = (
     _norm_problem,
     _context_problem,
     _vocabulary_problem,
+    _tokenizer_problem,
     _missing_tensor_problem,
     _shape_problem,
 )

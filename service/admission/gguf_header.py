@@ -150,8 +150,8 @@ class _Reader:
     def skip(self, count: int, what: str) -> None:
         if count > self.left:
             raise GGUFFormatError(
-                f"{what} claims {count} bytes at byte {self.position}, "
-                f"more than the {self.left} left in the file"
+                f"{what} claims {count} bytes at byte {self.position}, more than the "
+                f"{self.left} left in the file: it is truncated, or the length is garbage"
             )
         self._file.seek(count, 1)
         self.position += count
@@ -191,7 +191,7 @@ class _Reader:
 
 
 def read_gguf_header(path: Path) -> GGUFHeader:
-    with path.open("rb", buffering=1 << 20) as file:
+    with path.open("rb", buffering=1 << 16) as file:
         size = _file_size(file)
         reader = _Reader(file, size)
         if size < 4 or reader.take(4, "the magic number") != MAGIC:
@@ -285,7 +285,8 @@ def _array(reader: _Reader, label: str) -> GGUFArray | Skipped:
     width = struct.calcsize(fmt)
     if count > MAX_ARRAY_ITEMS or count * width > reader.left:
         raise GGUFFormatError(
-            f"key {label} claims {count} items of {width} bytes; the file has {reader.left} left"
+            f"key {label} claims {count} items of {width} bytes; the file has {reader.left} "
+            "left: it is truncated, or the length is garbage"
         )
     if count > KEPT_ARRAY_ITEMS or reader.kept_items + count > _KEPT_ITEMS_IN_ALL:
         reader.skip(count * width, f"the items of {label}")
@@ -300,7 +301,7 @@ def _skip_strings(reader: _Reader, label: str, count: int) -> None:
     if count * 8 > reader.left:
         raise GGUFFormatError(
             f"key {label} claims {count} strings; the {reader.left} bytes left in the file "
-            "cannot hold them"
+            "cannot hold them: it is truncated, or the length is garbage"
         )
     reader.array_strings += count
     if reader.array_strings > MAX_ARRAY_STRINGS:
