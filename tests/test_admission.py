@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import random
 import shutil
 from collections.abc import Iterator
 from pathlib import Path
@@ -15,6 +16,7 @@ from inference.v1 import inference_pb2_grpc as pb_grpc
 from service.admission import gates, ggml_types
 from service.admission.quantization import QuantScheme, from_checkpoint_config
 from service.models.embedded import EMBEDDED_MODELS
+from tests import gguf_mutations as gm
 from tests.conftest import SMOLLM, collect, finished_of, make_settings, serving
 from tests.fixtures import Q, write_checkpoint, write_gguf_header, write_hub_snapshot
 
@@ -142,6 +144,7 @@ def model_tree(tmp_path_factory: pytest.TempPathFactory) -> Path:
         )
     write_checkpoint(models / "novel", {"model_type": "not_a_real_architecture_9f3c"})
     shutil.copy(EMBEDDED_MODELS[SMOLLM].locate(), models / "smol.gguf")
+    write_broken_models(models)
     outside = root / "outside"
     outside.mkdir()
     write_gguf_header(outside / "secret.gguf", "llama", FT.MOSTLY_Q8_0, [Q.Q8_0])
@@ -152,6 +155,37 @@ def model_tree(tmp_path_factory: pytest.TempPathFactory) -> Path:
     q4 = (models / "llama-q4km.gguf").read_bytes()
     write_hub_snapshot(hub, "acme/tiny-gguf", {"tiny-Q8_0.gguf": q8, "tiny-Q4_K_M.gguf": q4})
     return root
+
+
+def write_broken_models(models: Path) -> None:
+    """Issue 15's inputs: GGUF files derived from the real SmolLM2, and config.json cases."""
+    template = gm.Template.parse(EMBEDDED_MODELS[SMOLLM].locate())
+    for name, mutation in BROKEN_GGUFS.items():
+        gm.write(mutation.image(template), models / name)
+    for name, config in BROKEN_CONFIGS.items():
+        write_checkpoint(models / name, config)
+    (models / "cfg-not-json").mkdir()
+    (models / "cfg-not-json" / "config.json").write_text('{"model_type": "llama",')
+    (models / "cfg-deep").mkdir()
+    (models / "cfg-deep" / "config.json").write_text("[" * 100_000 + "]" * 100_000)
+
+
+BROKEN_GGUFS = {
+    "blocks-0.gguf": gm.hparam("{arch}.block_count", gm.U32, 0),
+    "blocks-600.gguf": gm.hparam("{arch}.block_count", gm.U32, 600),
+    "claims.gguf": gm.huge_tensor_count_sparse(),
+    "garbage.gguf": gm.garbage_after_magic(random.Random(8)),
+    "long-string.gguf": gm.string_length("general.name", 1 << 62),
+    "nested.gguf": gm.nested_arrays(200_000),
+    "truncated.gguf": gm.truncated(data_fraction=0.5),
+}
+BROKEN_CONFIGS: dict[str, dict[str, object]] = {
+    "cfg-abc": {"model_type": "llama", "num_hidden_layers": "abc"},
+    "cfg-dotted": {"model_type": "x.y"},
+    "cfg-negative": {"model_type": "llama", "hidden_size": -64},
+    "cfg-type-list": {"model_type": ["llama"]},
+    "cfg-text-config": {"model_type": "llama", "text_config": [1, 2]},
+}
 
 
 @pytest.fixture(scope="module")
@@ -344,3 +378,49 @@ def test_unknown_names_are_not_found(admit_stub: pb_grpc.InferenceStub) -> None:
     with pytest.raises(grpc.RpcError) as caught:
         admit(admit_stub, "no-such-model.gguf")
     assert caught.value.code() == grpc.StatusCode.NOT_FOUND
+
+
+# --- broken model files: refused with the reason, never an RPC error ----------------------
+
+
+@pytest.mark.parametrize(
+    ("model", "expected"),
+    [
+        ("blocks-0.gguf", "llama.block_count is 0; llama.cpp supports 1 to 512 layers"),
+        ("blocks-600.gguf", "llama.block_count is 600; llama.cpp supports 1 to 512 layers"),
+        ("claims.gguf", "the header claims 1099511627776 tensors; the cap is 65536"),
+        ("garbage.gguf", "not a readable GGUF file"),
+        ("long-string.gguf", "claims a length of 4611686018427387904 bytes; the cap is"),
+        ("nested.gguf", "holds an array of arrays"),
+        ("truncated.gguf", "past the end of the file"),
+        ("cfg-abc", 'config.json\'s num_hidden_layers is "abc" (a JSON string)'),
+        ("cfg-dotted", "config.json's model_type 'x.y' is not a name a model module could have"),
+        ("cfg-negative", "config.json's hidden_size is -64 (a JSON number); it must be a whole"),
+        ("cfg-type-list", "config.json's model_type is"),
+        ("cfg-text-config", "config.json's text_config is"),
+        ("cfg-not-json", "config.json is not valid JSON"),
+        ("cfg-deep", "config.json nests its values too deeply to read"),
+    ],
+)
+def test_a_broken_model_is_refused_with_what_is_wrong(
+    admit_stub: pb_grpc.InferenceStub, model: str, expected: str
+) -> None:
+    """Issue 15, items 2, 6 and 8: a refusal with the reason, then Generate fails at once
+    with FAILED_PRECONDITION and that reason."""
+    reply = admit(admit_stub, model)
+    assert not reply.admitted
+    assert expected in reply.reason
+    assert reply.available_locally
+    assert reply.backend == ("llama.cpp" if model.endswith(".gguf") else "mlx-lm")
+    with pytest.raises(grpc.RpcError) as caught:
+        collect(admit_stub.Generate(pb.GenerateRequest(model=model, prompt="hi", max_tokens=2)))
+    assert caught.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+    assert reply.reason in (caught.value.details() or "")
+
+
+def test_the_server_serves_on_after_broken_models(admit_stub: pb_grpc.InferenceStub) -> None:
+    """Refusing block counts of 0 and 600 kept llama.cpp from aborting the process."""
+    for model in ("blocks-0.gguf", "blocks-600.gguf", "blocks-600.gguf"):
+        assert not admit(admit_stub, model).admitted
+    request = pb.GenerateRequest(model="smol.gguf", prompt="Hello", max_tokens=2, temperature=0)
+    assert finished_of(collect(admit_stub.Generate(request))).usage.completion_tokens == 2

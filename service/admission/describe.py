@@ -252,8 +252,21 @@ def _strings(value: Any) -> bool:
 
 
 def _shown(value: Any) -> str:
-    """A JSON value for a message: its text cut short, and its type."""
-    return f"{excerpt(json.dumps(value))} (a {type(value).__name__})"
+    """A JSON value for a message: its JSON text (cut short when long), and its kind."""
+    text = json.dumps(value)  # escapes control characters: safe in a log line
+    kind = _JSON_KINDS.get(type(value), "value")
+    return f"{text if len(text) <= 64 else excerpt(text)} (a JSON {kind})"
+
+
+_JSON_KINDS = {
+    str: "string",
+    int: "number",
+    float: "number",
+    bool: "boolean",
+    list: "array",
+    dict: "object",
+    type(None): "null",
+}
 
 
 def describe_pipeline(directory: Path) -> ModelDescription:
