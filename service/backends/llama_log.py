@@ -37,6 +37,9 @@ def forward_native_log(level: int, text: bytes, user_data: ctypes.c_void_p) -> N
     message = text.decode("utf-8", errors="replace").strip()
     if any(known in message for known in getattr(_captured, "expected", ())):
         return
+    errors: list[str] | None = getattr(_captured, "errors", None)
+    if errors is not None and level == GGML_LOG_ERROR:
+        errors.append(message)
     capture: list[str] | None = getattr(_captured, "lines", None)
     if capture is not None:
         capture.append(message)
@@ -54,6 +57,18 @@ def captured_native_log() -> Iterator[list[str]]:
         yield lines
     finally:
         _captured.lines = None
+
+
+@contextmanager
+def recorded_native_errors() -> Iterator[list[str]]:
+    """Log llama.cpp's lines as usual, and also collect its errors on this thread,
+    for a caller that must say why a call failed (llama.cpp returns only NULL)."""
+    errors: list[str] = []
+    _captured.errors = errors
+    try:
+        yield errors
+    finally:
+        _captured.errors = None
 
 
 @contextmanager
