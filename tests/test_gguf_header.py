@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import random
 import re
+import tracemalloc
 from pathlib import Path
 
 import pytest
@@ -155,3 +156,24 @@ def test_a_header_cut_anywhere_is_refused(template: gm.Template, tmp_path: Path)
         path = tmp_path / "cut.gguf"
         path.write_bytes(header[:cut])
         assert "truncated" in refusal(path) or cut < 4
+
+
+def test_memory_stays_bounded_whatever_the_header_claims(
+    template: gm.Template, tmp_path: Path
+) -> None:
+    """The most tensor infos the caps let through, kept as objects, take a few MB;
+    claims past the caps take nothing (the 120 MB files are holes)."""
+    at_cap = template.clone()
+    at_cap.tensor_count = gguf_header.MAX_TENSORS
+    files = [
+        gm.write(gm.GGUFImage(at_cap.encode_header(), 120 << 20), tmp_path / "zeros.gguf"),
+        gm.write(gm.huge_tensor_count_sparse().image(template), tmp_path / "claims.gguf"),
+    ]
+    for path in files:
+        tracemalloc.start()
+        try:
+            refusal(path)
+            peak = tracemalloc.get_traced_memory()[1]
+        finally:
+            tracemalloc.stop()
+        assert peak < 16 << 20

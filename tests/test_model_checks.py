@@ -11,6 +11,7 @@ what crashes.
 from __future__ import annotations
 
 import math
+import os
 import re
 from collections.abc import Callable
 from pathlib import Path
@@ -504,3 +505,10 @@ def test_the_child_process_reports_a_crash(smol: gm.Template, tmp_path: Path) ->
     (outcome,) = load_in_children([path])
     assert (outcome.kind, outcome.killed) == ("killed", True)
     assert outcome.detail.startswith("SIGABRT")
+
+
+def test_a_path_that_is_not_a_regular_file_is_refused_without_opening_it(tmp_path: Path) -> None:
+    fifo = tmp_path / "model.gguf"
+    os.mkfifo(fifo)  # opening it to read would wait for a writer for ever
+    answer = decision(fifo)
+    assert (answer.admitted, answer.reason) == (False, "the model is not a regular file")

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import json
 import re
+import stat
 from collections import Counter
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -88,8 +89,10 @@ class ModelDescription:
 
 def describe_gguf(path: Path) -> ModelDescription:
     try:
-        stat = path.stat()
-        result = _describe_gguf_cached(path, stat.st_size, stat.st_mtime_ns)
+        status = path.stat()
+        if not stat.S_ISREG(status.st_mode):  # a FIFO would block the read for ever
+            raise UnreadableModel("the model is not a regular file")
+        result = _describe_gguf_cached(path, status.st_size, status.st_mtime_ns)
     except OSError as exc:  # not cached: it may be gone by the next call
         raise UnreadableModel(f"the model file cannot be read: {exc.strerror or exc}") from exc
     if isinstance(result, str):
