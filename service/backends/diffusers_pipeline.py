@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from service.backends.failure import load_refused
 from service.errors import BackendFailure, NotSupported
 from service.images.backend import GenerationCancelled, ProgressCallback
 from service.images.generation import ImageRequest, RenderedImage
@@ -67,9 +68,11 @@ class DiffusersBackend:
         self._parameters = frozenset(inspect.signature(self._pipeline.__call__).parameters)
         if "callback_on_step_end" not in self._parameters:
             self.close()
-            raise BackendFailure(
-                f"diffusers could not load {path}: {self._pipeline_class} reports no steps"
-                " (it takes no `callback_on_step_end`), so it can be neither followed nor cancelled"
+            raise load_refused(
+                "diffusers",
+                path,
+                f"{self._pipeline_class} reports no steps (it takes no `callback_on_step_end`), "
+                "so it can be neither followed nor cancelled",
             )
         self._default_size = _default_size(self._pipeline)
 
@@ -225,14 +228,14 @@ def _is_cuda(device: str) -> bool:
 def _load(path: Path, device: str) -> DiffusionPipeline:
     if not path.is_dir():
         # from_pretrained takes a path that does not exist for a Hub repo id.
-        raise BackendFailure(f"diffusers could not load {path}: it is not a directory")
+        raise load_refused("diffusers", path, "it is not a directory")
     import torch
     from diffusers.pipelines.pipeline_utils import DiffusionPipeline
     from safetensors import SafetensorError
 
     missing = _missing_components(path)
     if missing:
-        raise BackendFailure(f"diffusers could not load {path}: it has no {', '.join(missing)}/")
+        raise load_refused("diffusers", path, f"it has no {', '.join(missing)}/")
     _quiet_progress_bars()
     try:
         pipeline = DiffusionPipeline.from_pretrained(
@@ -247,7 +250,7 @@ def _load(path: Path, device: str) -> DiffusionPipeline:
         )
         pipeline.to(device)
     except (*_LOAD_ERRORS, SafetensorError) as exc:
-        raise BackendFailure(f"diffusers could not load {path}: {exc}") from exc
+        raise load_refused("diffusers", path, str(exc)) from exc
     pipeline.set_progress_bar_config(disable=True)  # type: ignore[no-untyped-call]
     return pipeline
 

@@ -15,9 +15,11 @@ boundary: a bug in one looks like a library failure.
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import structlog
 
-from service.errors import BackendFailure, excerpt
+from service.errors import BackendFailure, NotSupported, excerpt
 
 log = structlog.get_logger("backend")
 
@@ -37,3 +39,16 @@ def library_failure(what: str, exc: Exception, consequence: str = "") -> Backend
     detail = f"{type(exc).__name__}: {excerpt(str(exc), LIBRARY_TEXT_LIMIT)}"
     then = f"; {consequence}" if consequence else ""
     return BackendFailure(f"{what} ({detail}){then}")
+
+
+def load_refused(library: str, path: Path, reason: str) -> NotSupported:
+    """What a client is told when `library` will not load the model at `path`.
+
+    The files are the caller's model, so this is FAILED_PRECONDITION, like an
+    admission refusal; the model is named by its file or folder name, never the
+    server's full path, and the library's words are cut short.
+    """
+    reason = reason.replace(str(path), path.name)
+    if len(reason) > LIBRARY_TEXT_LIMIT:
+        reason = reason[:LIBRARY_TEXT_LIMIT] + "..."
+    return NotSupported(f"{library} cannot load {path.name}: {reason}")

@@ -31,13 +31,13 @@ from llama_cpp._internals import LlamaContext, LlamaModel
 from service.backends import llama_log  # also routes llama.cpp's log, on import
 from service.backends.argmax import RowArgmax
 from service.backends.base import ActiveSequence, Sampled, SequenceRequest
-from service.backends.failure import LIBRARY_TEXT_LIMIT
+from service.backends.failure import load_refused
 from service.backends.kv_slots import Placement, Slot, SlotTable
 from service.backends.llama_batch import Batch, Chunk
 from service.backends.llama_sampling import SamplerChain
 from service.backends.logprobs import token_logprob
 from service.config import FlashAttention, KvLayout
-from service.errors import BackendFailure, NotSupported
+from service.errors import BackendFailure
 from service.generation import SamplingDefaults
 from service.models.memory import cells_per_sequence
 
@@ -93,18 +93,9 @@ def _load_model(path: Path, options: LlamaCppOptions) -> LlamaModel:
             # beforehand): the caller's model, so FAILED_PRECONDITION, in llama.cpp's
             # own words ("key ... has wrong type f64 but expected type u32"), not
             # llama-cpp-python's, which only repeat the server's path.
-            reason = _load_error(errors) or "llama.cpp refused the file"
-            raise NotSupported(f"llama.cpp cannot load {path.name}: {reason}") from exc
-
-
-def _load_error(errors: list[str]) -> str:
-    """llama.cpp's first error line, without the name of the function that logged it."""
-    if not errors:
-        return ""
-    reason = re.sub(r"^\w+: ", "", errors[0])
-    if len(reason) > LIBRARY_TEXT_LIMIT:
-        return reason[:LIBRARY_TEXT_LIMIT] + "..."
-    return reason
+            # The first error line, less the name of the function that logged it.
+            reason = re.sub(r"^\w+: ", "", errors[0]) if errors else "it refused the file"
+            raise load_refused("llama.cpp", path, reason) from exc
 
 
 def _new_context(model: LlamaModel, options: LlamaCppOptions, size: int) -> LlamaContext:

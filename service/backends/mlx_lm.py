@@ -33,6 +33,7 @@ from mlx_lm.tokenizer_utils import (
 from mlx_lm.utils import load
 
 from service.backends.base import TokenStream, common_prefix_length
+from service.backends.failure import load_refused
 from service.errors import BackendFailure
 from service.generation import SamplingDefaults, SamplingParams
 
@@ -90,11 +91,11 @@ class _Snapshot:
 def _load(path: Path) -> Loaded:
     if not path.is_dir():
         # mlx_lm.load takes a path that does not exist for a Hub repo id and downloads it.
-        raise BackendFailure(f"mlx-lm could not load {path}: it is not a directory")
+        raise load_refused("mlx-lm", path, "it is not a directory")
     try:
         loaded = load(str(path), return_config=True)
     except _LOAD_ERRORS as exc:
-        raise BackendFailure(f"mlx-lm could not load {path}: {exc}") from exc
+        raise load_refused("mlx-lm", path, str(exc)) from exc
     return cast(Loaded, loaded)  # return_config=True picks the 3-tuple of load's union
 
 
