@@ -30,7 +30,7 @@ def _draining(channel: grpc.Channel) -> bool:
         reply = stub.Check(health_pb2.HealthCheckRequest(), timeout=5)
     except grpc.RpcError as error:
         return bool(error.code() == grpc.StatusCode.UNAVAILABLE)
-    return reply.status == health_pb2.HealthCheckResponse.NOT_SERVING
+    return bool(reply.status == health_pb2.HealthCheckResponse.NOT_SERVING)
 
 
 def test_sigterm_lets_the_stream_in_flight_finish_then_exits_zero(server: ServerProcess) -> None:
