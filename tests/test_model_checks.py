@@ -178,17 +178,12 @@ SMOL_CASES: list[tuple[str, Edit, str]] = [
     (
         "BOS added, none",
         both(
-            put("tokenizer.ggml.add_bos_token", gm.BOOL, True), drop("tokenizer.ggml.bos_token_id")
+            put("tokenizer.ggml.pre", gm.STRING, "glm4"),  # a pre-tokenizer with no default BOS
+            put("tokenizer.ggml.add_bos_token", gm.BOOL, True),
+            drop("tokenizer.ggml.bos_token_id"),
         ),
-        "add_bos_token is true, but the file has no tokenizer.ggml.bos_token_id",
-    ),
-    (
-        "EOS added, outside",
-        both(
-            put("tokenizer.ggml.add_eos_token", gm.BOOL, True),
-            put("tokenizer.ggml.eos_token_id", U32, 60_000),
-        ),
-        "eos_token_id is 60000, outside the 49152-token vocabulary",
+        "add_bos_token is true, but tokenizer.ggml.bos_token_id names no token of the "
+        "49152-token vocabulary and the tokenizer has no default",
     ),
     # What crashed it (SIGSEGV, SIGABRT) at the first decode.
     (
@@ -512,3 +507,14 @@ def test_a_path_that_is_not_a_regular_file_is_refused_without_opening_it(tmp_pat
     os.mkfifo(fifo)  # opening it to read would wait for a writer for ever
     answer = decision(fifo)
     assert (answer.admitted, answer.reason) == (False, "the model is not a regular file")
+
+
+def test_a_token_to_add_falls_back_to_the_tokenizers_default(
+    smol: gm.Template, tmp_path: Path
+) -> None:
+    """An EOS id outside the vocabulary: llama.cpp adds its gpt2 default (11) instead,
+    which runs, so admission lets it through."""
+    edited = smol.clone()
+    edited.put_scalar("tokenizer.ggml.add_eos_token", gm.BOOL, True)
+    edited.put_scalar("tokenizer.ggml.eos_token_id", U32, 60_000)
+    assert decision(gm.write(edited.encode(), tmp_path / "eos.gguf")).admitted

@@ -2,16 +2,19 @@
 
 llama.cpp trusts a model's hyper-parameters. Loaded in a child process, the
 embedded SmolLM2 (llama) and Gemma 3 files, each mutated one value at a time,
-showed what takes the whole process down rather than failing the load:
+showed what takes the whole process down rather than failing the load
+(non-F32 norms and the "none" tokenizer turned up in seeded random mutations):
 - SIGABRT at load (GGML_ASSERTs in load_hparams): block_count 0 or over 512;
   nextn_predict_layers over block_count; an expert count with no expert used
   per token, or experts used (or grouped) in a model without experts; an
   unknown rope.scaling.type;
-- SIGABRT at the first decode: a NaN (or negative) norm epsilon; a rope
+- SIGABRT at the first decode: a NaN norm epsilon (ggml asserts eps >= 0); a rope
   dimension count that is odd or larger than the head (Gemma 3); a hang with
   a rope dimension count of 0;
 - SIGSEGV at the first decode: an integer or F64 weight (I8 ... I64, F64);
-  SIGABRT with a norm's weights in any type but F32.
+  SIGABRT with a norm's weights in any type but F32;
+- SIGABRT at the first prompt: tokenizer.ggml.model "none" (no vocabulary);
+  a BOS token to add where the file names none and its tokenizer has no default.
 Shapes that disagree with the hyper-parameters, wrong key types and per-layer
 arrays of the wrong length made llama.cpp raise instead, which the backend
 reports; they are refused here too, with the numbers that disagree, so that
@@ -77,6 +80,18 @@ _ADDED_TOKENS = (
     ("tokenizer.ggml.add_eos_token", "tokenizer.ggml.eos_token_id"),
     ("tokenizer.ggml.add_sep_token", "tokenizer.ggml.seperator_token_id"),  # llama.cpp's spelling
 )
+# llama.cpp's (BOS, EOS, separator) ids for a tokenizer whose file names none.
+_DEFAULT_TOKEN_IDS: dict[str, tuple[int | None, int | None, int | None]] = {
+    "llama": (1, 2, None),
+    "bert": (101, None, 102),
+    "gpt2": (11, 11, None),
+    "hybriddna": (11, 11, None),
+    "whitespace": (11, 11, None),
+    "t5": (None, 1, None),
+    "plamo2": (1, 2, None),
+}
+# Pre-tokenizers that drop the BOS default.
+_PRE_WITHOUT_BOS = frozenset({"chatglm-bpe", "glm4", "glm5"})
 # Architectures where llama.cpp requires the rotary dimensions to fill the head.
 _ROPE_FILLS_HEAD = frozenset({"llama", "deci", "falcon", "llama-embed"})
 # Speculative-decoding drafts size their embeddings by another model's vocabulary.
@@ -464,19 +479,28 @@ def _tokenizer_problem(model: _Model) -> str | None:
 
 
 def _added_token_problem(model: _Model) -> str | None:
-    """A token llama.cpp is told to add to every prompt must exist: it aborts otherwise."""
+    """A token llama.cpp is told to add to every prompt must exist: it aborts otherwise.
+
+    A file that names none (or one outside the vocabulary) gets llama.cpp's default
+    for its tokenizer, which some tokenizers do not have."""
     values = model.header.values
     tokens = values.get("tokenizer.ggml.tokens")
     size = tokens.length if isinstance(tokens, Skipped) else 0
-    for flag, id_key in _ADDED_TOKENS:
+    defaults = _DEFAULT_TOKEN_IDS.get(values["tokenizer.ggml.model"], (None, None, None))
+    if values.get("tokenizer.ggml.pre") in _PRE_WITHOUT_BOS:
+        defaults = (None, *defaults[1:])
+    for (flag, id_key), default in zip(_ADDED_TOKENS, defaults, strict=True):
         if values.get(flag) is not True:
             continue
-        if id_key not in values:
-            return f"{flag} is true, but the file has no {id_key}"
-        model.expect_type(id_key, _UINT32)
-        token: int = values[id_key]
-        if token >= size:
-            return f"{flag} is true, but {id_key} is {token}, outside the {size}-token vocabulary"
+        token = default
+        if id_key in values:
+            model.expect_type(id_key, _UINT32)
+            token = values[id_key] if values[id_key] < size else default
+        if token is None or token >= size:
+            return (
+                f"{flag} is true, but {id_key} names no token of the {size}-token "
+                "vocabulary and the tokenizer has no default: llama.cpp aborts when it adds it"
+            )
     return None
 
 
