@@ -202,6 +202,16 @@ SMOL_CASES: list[tuple[str, Edit, str]] = [
         tensor("output_norm.weight", set_type(int(Q.Q4_0))),
         "'output_norm.weight' is a norm or a vector stored as q4_0",
     ),
+    (
+        "alignment 8",
+        both(
+            put("general.alignment", U32, 8),
+            lambda t: setattr(t, "alignment", 8),
+            gm.Template.relayout,
+        ),
+        "the data of tensor 'token_embd.weight' starts at byte 1785704 of the file, "
+        "not a multiple of 32",
+    ),
     # What llama.cpp refused at load, refused here first with the numbers.
     (
         "block count 29",

@@ -3,7 +3,8 @@
 llama.cpp trusts a model's hyper-parameters. Loaded in a child process, the
 embedded SmolLM2 (llama) and Gemma 3 files, each mutated one value at a time,
 showed what takes the whole process down rather than failing the load
-(non-F32 norms and the "none" tokenizer turned up in seeded random mutations):
+(non-F32 norms, the "none" tokenizer and a small alignment turned up in seeded
+random mutations):
 - SIGABRT at load (GGML_ASSERTs in load_hparams): block_count 0 or over 512;
   nextn_predict_layers over block_count; an expert count with no expert used
   per token, or experts used (or grouped) in a model without experts; an
@@ -13,6 +14,8 @@ showed what takes the whole process down rather than failing the load
   a rope dimension count of 0;
 - SIGSEGV at the first decode: an integer or F64 weight (I8 ... I64, F64);
   SIGABRT with a norm's weights in any type but F32;
+- SIGABRT at load with tensor data not 32-byte aligned in the file
+  (general.alignment 1 to 16);
 - SIGABRT at the first prompt: tokenizer.ggml.model "none" (no vocabulary);
   a BOS token to add where the file names none and its tokenizer has no default.
 Shapes that disagree with the hyper-parameters, wrong key types and per-layer
@@ -53,6 +56,8 @@ _INT32_MAX = 2**31 - 1
 _INT64_MAX = 2**63 - 1
 _UINT32, _INT32, _FLOAT32, _BOOL = 4, 5, 6, 7
 _F32_TENSOR = 0  # ggml's F32 tensor type
+# ggml's TENSOR_ALIGNMENT: a mapped tensor's data must start on such a boundary.
+TENSOR_ALIGNMENT = 32
 
 # Architectures whose attention and feed-forward tensors llama.cpp creates with
 # the plain shapes checked in `_shape_problem` (read in its src/models/*.cpp).
@@ -265,7 +270,14 @@ def _offset_problem(
             f"section; llama.cpp expects {expected} (each tensor's data follows the one "
             f"before, padded to {header.alignment} bytes)"
         )
-    end = header.data_start + tensor.offset + nbytes
+    start = header.data_start + tensor.offset
+    if start % TENSOR_ALIGNMENT:
+        return (
+            f"the data of {_tensor(tensor)} starts at byte {start} of the file, not a multiple "
+            f"of {TENSOR_ALIGNMENT}: llama.cpp maps weights in place and ggml aborts on "
+            f"unaligned ones (general.alignment is {header.alignment})"
+        )
+    end = start + nbytes
     if end > header.file_size:
         return (
             f"the data of {_tensor(tensor)} ends at byte {end}, past the end of the file "
