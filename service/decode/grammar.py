@@ -1,10 +1,15 @@
 """GBNF grammars that constrain sampling: built from a JSON schema, checked before any model work.
 
-Both steps use llama.cpp's own code, so what passes here is what the sampler
-accepts: `json_schema_to_gbnf` is llama-cpp-python's port of llama.cpp's
-converter, and the check runs llama.cpp's grammar parser by creating a grammar
-sampler without a vocabulary (`llama_sampler_init_grammar(NULL, ...)`), which
-parses the text and needs no model.
+A grammar reaches llama.cpp only after it has been measured: the request's
+grammar, or the one built from its JSON schema, is read by `gbnf_scan` and
+`gbnf_graph` against the limits in `grammar_limits` (nesting, repetitions,
+rules, left recursion, fan-out); a schema is bounded on the schema first
+(`schema_limits`), then converted by llama-cpp-python's converter through
+`schema_converter`, which bounds its work. Only then does llama.cpp's own
+parser run on it, by creating a grammar sampler without a vocabulary
+(`llama_sampler_init_grammar(NULL, ...)`), so that what passes here is what
+the sampler accepts; the same text is parsed again with the model's
+vocabulary when a sequence starts, and the limits hold there too.
 
 The parser prints its reason for a failure ("Undefined rule identifier 'foo'")
 to the process's stderr rather than to llama.cpp's log, so the check captures
@@ -23,10 +28,20 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 
 import llama_cpp
-from llama_cpp.llama_grammar import json_schema_to_gbnf
 
 from service.backends.llama_log import captured_native_log
-from service.errors import InvalidRequest
+from service.decode.gbnf_graph import check_rule_graph
+from service.decode.gbnf_scan import parse_gbnf
+from service.decode.grammar_limits import (
+    GRAMMAR_LIMITS,
+    SCHEMA_LIMITS,
+    GrammarLimits,
+    SchemaLimits,
+    limit_exceeded,
+)
+from service.decode.schema_converter import schema_to_gbnf
+from service.decode.schema_limits import WHAT, check_json_depth, check_schema
+from service.errors import InvalidRequest, excerpt
 
 MAX_GRAMMAR_CHARS = 64 * 1024
 MAX_JSON_SCHEMA_CHARS = 64 * 1024
@@ -43,6 +58,7 @@ _stderr_lock = threading.Lock()
 # What the converter raises on a schema it cannot handle: `assert` for
 # unsupported keywords, KeyError for unknown types or refs, ValueError for
 # bad patterns, AttributeError/TypeError for values of the wrong JSON type.
+# (Its depth is bounded beforehand; RecursionError stays as a backstop.)
 _CONVERTER_ERRORS = (
     AssertionError,
     KeyError,
@@ -71,34 +87,37 @@ def resolve_grammar(grammar: str | None, json_schema: str) -> str | None:
         return grammar
     if json_schema:
         gbnf = grammar_from_json_schema(json_schema)
-        check_grammar(gbnf, what="the grammar built from `response_format.json_schema`")
+        check_grammar(gbnf, what=f"the grammar built from {WHAT}")
         return gbnf
     return None
 
 
-def grammar_from_json_schema(schema: str) -> str:
+def grammar_from_json_schema(schema: str, limits: SchemaLimits = SCHEMA_LIMITS) -> str:
     """GBNF accepting the JSON documents `schema` (JSON Schema text) accepts."""
     if len(schema) > MAX_JSON_SCHEMA_CHARS:
-        raise InvalidRequest(
-            f"`response_format.json_schema` is limited to {MAX_JSON_SCHEMA_CHARS} characters"
-        )
+        raise InvalidRequest(f"{WHAT} is limited to {MAX_JSON_SCHEMA_CHARS} characters")
+    check_json_depth(schema, limits)
     try:
         parsed = json.loads(schema)
-    except json.JSONDecodeError as exc:
-        raise InvalidRequest(f"`response_format.json_schema` is not valid JSON: {exc}") from exc
+    except (ValueError, RecursionError) as exc:  # ValueError: also an int of 4300+ digits
+        raise InvalidRequest(f"{WHAT} is not valid JSON: {excerpt(str(exc), 200)}") from exc
     if not isinstance(parsed, dict):
-        raise InvalidRequest("`response_format.json_schema` must be a JSON object")
+        raise InvalidRequest(f"{WHAT} must be a JSON object")
+    check_schema(parsed, limits)
     try:
-        return str(json_schema_to_gbnf(schema))
+        gbnf = schema_to_gbnf(parsed, limits)
     except _CONVERTER_ERRORS as exc:
-        detail = str(exc) or type(exc).__name__
-        raise InvalidRequest(
-            f"`response_format.json_schema` cannot be turned into a grammar: {detail}"
-        ) from exc
+        detail = excerpt(str(exc) or type(exc).__name__, 200)
+        raise InvalidRequest(f"{WHAT} cannot be turned into a grammar: {detail}") from exc
+    if len(gbnf) > limits.grammar_chars:
+        subject = f"the {len(gbnf)} characters of the grammar it makes"
+        raise limit_exceeded(WHAT, subject, limits.grammar_chars, "characters")
+    return gbnf
 
 
 def check_grammar(gbnf: str, what: str = "the grammar") -> None:
-    """Raise InvalidRequest, with llama.cpp's reason, when `gbnf` does not parse."""
+    """Raise InvalidRequest when `gbnf` crosses a limit or does not parse (llama.cpp's reason)."""
+    check_grammar_limits(gbnf, what)
     with captured_native_log() as logged, _captured_stderr() as printed:
         sampler = llama_cpp.llama_sampler_init_grammar(
             None, gbnf.encode("utf-8"), ROOT_RULE.encode("utf-8")
@@ -109,7 +128,26 @@ def check_grammar(gbnf: str, what: str = "the grammar") -> None:
     reason = _parser_reason(printed) or "; ".join(line for line in logged if line)
     if _NEEDS_VOCAB in reason:
         return
-    raise InvalidRequest(f"{what} does not parse: {reason or 'llama.cpp refused it'}")
+    # The reason can quote the grammar (a rule's name, the text after an error).
+    detail = excerpt(reason, 200) if reason else "llama.cpp refused it"
+    raise InvalidRequest(f"{what} does not parse: {detail}")
+
+
+def check_grammar_limits(gbnf: str, what: str, limits: GrammarLimits = GRAMMAR_LIMITS) -> None:
+    """Refuse `gbnf` if it does not parse or crosses a limit, before llama.cpp reads it.
+
+    A grammar naming an undefined rule, or lacking `root`, is left for
+    llama.cpp to refuse in its own words: by then it has been read to the end.
+    """
+    if "\x00" in gbnf:
+        raise InvalidRequest(f"{what} contains a NUL character")
+    try:
+        gbnf.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise InvalidRequest(f"{what} is not valid Unicode: {exc.reason}") from exc
+    parsed = parse_gbnf(gbnf, what, limits)
+    if parsed.complete():
+        check_rule_graph(parsed, what, limits)
 
 
 def _parser_reason(printed: list[str]) -> str:
