@@ -409,6 +409,28 @@ def truncated(
     return Mutation(f"truncated in the {where}", "structure", build)
 
 
+def duplicate_token(source: int, target: int) -> Mutation:
+    """Token `target` of the vocabulary given token `source`'s text. The one edit of the
+    vocabulary's contents here: llama.cpp aborts on it, so admission must find it."""
+    return Mutation(
+        f"token {target} = token {source}",
+        "structure",
+        _edited(lambda t: copy_token(t, source, target)),
+    )
+
+
+def copy_token(template: Template, source: int, target: int) -> None:
+    kv = template.get("tokenizer.ggml.tokens")
+    item_type, count = struct.unpack_from("<IQ", kv.payload)
+    texts, position = [], 12
+    for _ in range(count):
+        (length,) = struct.unpack_from("<Q", kv.payload, position)
+        texts.append(kv.payload[position + 8 : position + 8 + length])
+        position += 8 + length
+    texts[target] = texts[source]
+    kv.payload = _pack("IQ", item_type, count) + b"".join(map(encode_string, texts))
+
+
 # Hyper-parameters.
 
 

@@ -110,8 +110,9 @@ def test_tensor_infos_up_to_the_cap_cost_their_own_bytes_only(
         (gm.string_length("general.name", 1 << 62), "the cap is 16777216"),
         (gm.string_length("llama.block_count", 1 << 62), "the cap is 1024"),  # the key's name
         (gm.array_count("tokenizer.ggml.token_type", 1 << 62), "the file has"),
-        (gm.array_count("tokenizer.ggml.tokens", 1 << 62), "cannot hold them"),
-        (gm.array_count("tokenizer.ggml.tokens", (1 << 22) + 1), "4194304 strings in all"),
+        (gm.array_count("tokenizer.ggml.merges", 1 << 62), "cannot hold them"),
+        (gm.array_count("tokenizer.ggml.tokens", (1 << 20) + 1), "the cap is 1048576"),
+        (gm.array_count("tokenizer.ggml.merges", (1 << 22) + 1), "4194304 strings in all"),
         (gm.value_count(1 << 40, "2^40"), "the cap is 4096"),
         (gm.nested_arrays(200_000), "holds an array of arrays"),
         (gm.nested_arrays(2), "holds an array of arrays"),
@@ -177,3 +178,13 @@ def test_memory_stays_bounded_whatever_the_header_claims(
         finally:
             tracemalloc.stop()
         assert peak < 16 << 20
+
+
+def test_duplicate_tokens_are_found_in_the_vocabulary(
+    template: gm.Template, tmp_path: Path
+) -> None:
+    """llama.cpp aborts on two tokens with the same text: the reader hashes the
+    vocabulary on its way past and names the pair."""
+    assert read_gguf_header(EMBEDDED_MODELS[SMOLLM].locate()).duplicate_tokens is None
+    path = gm.write(gm.duplicate_token(100, 7_000).image(template), tmp_path / "dup.gguf")
+    assert read_gguf_header(path).duplicate_tokens == (100, 7_000)

@@ -185,6 +185,11 @@ SMOL_CASES: list[tuple[str, Edit, str]] = [
         "add_bos_token is true, but tokenizer.ggml.bos_token_id names no token of the "
         "49152-token vocabulary and the tokenizer has no default",
     ),
+    (
+        "duplicate tokens",
+        lambda t: gm.copy_token(t, 5, 49_000),
+        "tokens 5 and 49000 of tokenizer.ggml.tokens are the same text",
+    ),
     # What crashed it (SIGSEGV, SIGABRT) at the first decode.
     (
         "integer weights",

@@ -16,6 +16,7 @@ random mutations):
   SIGABRT with a norm's weights in any type but F32;
 - SIGABRT at load with tensor data not 32-byte aligned in the file
   (general.alignment 1 to 16);
+- SIGABRT at load: two tokens of the vocabulary with the same text;
 - SIGABRT at the first prompt: tokenizer.ggml.model "none" (no vocabulary);
   a BOS token to add where the file names none and its tokenizer has no default.
 Shapes that disagree with the hyper-parameters, wrong key types and per-layer
@@ -487,6 +488,12 @@ def _tokenizer_problem(model: _Model) -> str | None:
     if name not in TOKENIZERS:
         shown = excerpt(name) if isinstance(name, str) else f"a {name.length}-byte string"
         return f"{key} is {shown}; llama.cpp knows {', '.join(TOKENIZERS)}"
+    if model.header.duplicate_tokens is not None:
+        first, second = model.header.duplicate_tokens
+        return (
+            f"tokens {first} and {second} of tokenizer.ggml.tokens are the same text; "
+            "llama.cpp aborts on a vocabulary with duplicates"
+        )
     return _added_token_problem(model)
 
 

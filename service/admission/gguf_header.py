@@ -10,18 +10,24 @@ what real models hold; a file over one is refused with the cap in the reason.
 
 Long strings (chat templates) and long arrays (vocabularies, per-token scores)
 are skipped, not decoded: their type and length are kept, their contents not.
+The vocabulary's strings are hashed on the way past, because llama.cpp aborts
+on two tokens with the same text; only a pair of equal hashes is read again.
 """
 
 from __future__ import annotations
 
 import struct
+from array import array
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, BinaryIO
 
+import numpy as np
+
 from service.errors import excerpt
 
 MAGIC = b"GGUF"
+VOCABULARY = "tokenizer.ggml.tokens"
 NEWEST_VERSION = 3  # the newest GGUF version llama.cpp reads
 
 # Caps. Real files: a few hundred to a few thousand tensors (tens of thousands at
@@ -33,6 +39,8 @@ MAX_KEY_BYTES = 1_024
 MAX_STRING_BYTES = 16 << 20
 # Strings in string arrays, over the whole file: each one is a step of the walk.
 MAX_ARRAY_STRINGS = 1 << 22
+# Tokens in the vocabulary, each hashed to find duplicates (Gemma 3 has 262,144).
+MAX_VOCABULARY = 1 << 20
 MAX_ARRAY_ITEMS = 1 << 32
 # llama.cpp's own limits (GGML_MAX_NAME, GGML_MAX_DIMS).
 MAX_TENSOR_NAME_BYTES = 63
@@ -119,6 +127,8 @@ class GGUFHeader:
     data_start: int  # where the data section starts, aligned
     file_size: int
     alignment: int = 32
+    # Two indices of tokenizer.ggml.tokens with the same text (llama.cpp aborts on it).
+    duplicate_tokens: tuple[int, int] | None = None
 
 
 class _Reader:
@@ -130,6 +140,7 @@ class _Reader:
         self.position = 0
         self.kept_items = 0
         self.array_strings = 0
+        self.duplicate_tokens: tuple[int, int] | None = None
 
     @property
     def left(self) -> int:
@@ -155,6 +166,10 @@ class _Reader:
             )
         self._file.seek(count, 1)
         self.position += count
+
+    def seek(self, position: int) -> None:
+        self._file.seek(position)
+        self.position = position
 
     def window(self, most: int) -> bytes:
         """Up to `most` bytes from here, without moving past them."""
@@ -203,7 +218,8 @@ def read_gguf_header(path: Path) -> GGUFHeader:
         tensors = [_tensor_info(reader, index) for index in range(n_tensors)]
         _no_duplicate_names(tensors)
         data_start = reader.position + (-reader.position % alignment)
-    return GGUFHeader(version, values, types, tensors, data_start, size, alignment)
+    duplicate = reader.duplicate_tokens
+    return GGUFHeader(version, values, types, tensors, data_start, size, alignment, duplicate)
 
 
 def _file_size(file: BinaryIO) -> int:
@@ -257,27 +273,37 @@ def _key_values(reader: _Reader, count: int) -> tuple[dict[str, Any], dict[str, 
         if key in values:
             raise GGUFFormatError(f"key {label} appears twice")
         value_type = reader.u32(f"the type of {label}")
-        values[key], types[key] = _value(reader, label, value_type), value_type
+        values[key], types[key] = _value(reader, key, value_type), value_type
     return values, types
 
 
-def _value(reader: _Reader, label: str, value_type: int) -> Any:
+def _value(reader: _Reader, key: str, value_type: int) -> Any:
+    label = excerpt(key)
     if value_type in _SCALARS:
         return reader.scalar(_SCALARS[value_type], f"the value of {label}")
     if value_type == STRING:
         return reader.string(f"the value of {label}")
     if value_type == ARRAY:
-        return _array(reader, label)
+        return _array(reader, key)
     raise GGUFFormatError(f"key {label} has value type {value_type}, which GGUF does not define")
 
 
-def _array(reader: _Reader, label: str) -> GGUFArray | Skipped:
+def _array(reader: _Reader, key: str) -> GGUFArray | Skipped:
+    label = excerpt(key)
     item_type = reader.u32(f"the item type of {label}")
     count = reader.u64(f"the length of {label}")
     if item_type == ARRAY:  # llama.cpp's GGUF reader refuses these too
         raise GGUFFormatError(f"key {label} holds an array of arrays, which GGUF readers refuse")
     if item_type == STRING:
-        _skip_strings(reader, label, count)
+        if key == VOCABULARY and count > MAX_VOCABULARY:
+            raise GGUFFormatError(
+                f"{label} claims {count} tokens; the cap is {MAX_VOCABULARY} "
+                "(real vocabularies hold up to about 262 thousand)"
+            )
+        start, hashes = reader.position, array("q") if key == VOCABULARY else None
+        _skip_strings(reader, label, count, hashes)
+        if hashes is not None:
+            reader.duplicate_tokens = _duplicate(reader, start, hashes)
         return Skipped(STRING, count)
     if item_type not in _SCALARS:
         raise GGUFFormatError(f"key {label} is an array of type {item_type}, undefined in GGUF")
@@ -296,8 +322,11 @@ def _array(reader: _Reader, label: str) -> GGUFArray | Skipped:
     return GGUFArray(item_type, tuple(v for (v,) in struct.iter_unpack(fmt, data)))
 
 
-def _skip_strings(reader: _Reader, label: str, count: int) -> None:
-    """Walk past `count` strings: each one's length must be read to find the next."""
+def _skip_strings(
+    reader: _Reader, label: str, count: int, hashes: array[int] | None = None
+) -> None:
+    """Walk past `count` strings: each one's length must be read to find the next.
+    With `hashes`, each string's hash is appended to it (for the vocabulary)."""
     if count * 8 > reader.left:
         raise GGUFFormatError(
             f"key {label} claims {count} strings; the {reader.left} bytes left in the file "
@@ -311,9 +340,9 @@ def _skip_strings(reader: _Reader, label: str, count: int) -> None:
         )
     index = 0
     while index < count:
-        walked, steps = _walk_strings(reader.window(_WINDOW_BYTES), count - index)
+        walked, steps = _walk_strings(reader.window(_WINDOW_BYTES), count - index, index, hashes)
         if steps == 0:  # one string longer than the window
-            _skip_string(reader, label, index)
+            _skip_string(reader, label, index, hashes)
             index += 1
         else:
             reader.skip(walked, f"{label}[{index}:{index + steps}]")
@@ -324,26 +353,72 @@ _WINDOW_BYTES = 1 << 20
 _LENGTH = struct.Struct("<Q")
 
 
-def _walk_strings(window: bytes, most: int) -> tuple[int, int]:
-    """(bytes, strings) of the whole strings at the start of `window`, at most `most`."""
+def _walk_strings(
+    window: bytes, most: int, first: int, hashes: array[int] | None
+) -> tuple[int, int]:
+    """(bytes, strings) of the whole strings at the start of `window`, at most `most`;
+    `first` is the index of the first one."""
     position, steps, end = 0, 0, len(window)
     unpack = _LENGTH.unpack_from
     while steps < most and position + 8 <= end:
         (length,) = unpack(window, position)
-        if position + 8 + length > end:
+        stop = position + 8 + length
+        if stop > end:
             break
-        position += 8 + length
+        if hashes is not None:
+            hashes.append(hash(_token_text(window[position + 8 : stop], first + steps)))
+        position = stop
         steps += 1
     return position, steps
 
 
-def _skip_string(reader: _Reader, label: str, index: int) -> None:
+def _skip_string(reader: _Reader, label: str, index: int, hashes: array[int] | None) -> None:
     length = reader.u64(f"the length of {label}[{index}]")
     if length > MAX_STRING_BYTES:
         raise GGUFFormatError(
             f"{label}[{index}] claims {length} bytes; the cap is {MAX_STRING_BYTES}"
         )
-    reader.skip(length, f"{label}[{index}]")
+    if hashes is None:
+        reader.skip(length, f"{label}[{index}]")
+    else:
+        hashes.append(hash(_token_text(reader.take(length, f"{label}[{index}]"), index)))
+
+
+def _token_text(text: bytes, index: int) -> bytes:
+    """A token's text as llama.cpp keys its vocabulary: it renames empty ones."""
+    return text or b"[EMPTY_%d]" % index
+
+
+def _duplicate(reader: _Reader, start: int, hashes: array[int]) -> tuple[int, int] | None:
+    """The first two tokens with the same text, or None. Equal hashes are candidates,
+    read again to compare (a few at most: distinct texts rarely share a 64-bit hash)."""
+    values = np.frombuffer(hashes, dtype=np.int64)
+    order = np.argsort(values, kind="stable")
+    same = np.flatnonzero(values[order[1:]] == values[order[:-1]])
+    for candidate in same[:_CANDIDATES]:
+        pair = int(order[candidate]), int(order[candidate + 1])
+        first, second = _token_texts(reader, start, pair)
+        if first == second:
+            return pair
+    return None
+
+
+_CANDIDATES = 4
+
+
+def _token_texts(reader: _Reader, start: int, pair: tuple[int, int]) -> tuple[bytes, bytes]:
+    """Two tokens' texts, read again from the array starting at `start`."""
+    resume = reader.position
+    reader.seek(start)
+    texts: dict[int, bytes] = {}
+    for index in range(max(pair) + 1):
+        length = reader.u64("a token's length")
+        if index in pair:
+            texts[index] = _token_text(reader.take(length, "a token"), index)
+        else:
+            reader.skip(length, "a token")
+    reader.seek(resume)
+    return texts[pair[0]], texts[pair[1]]
 
 
 def _alignment(values: dict[str, Any], types: dict[str, int]) -> int:
