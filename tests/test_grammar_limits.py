@@ -280,6 +280,18 @@ def test_properties_of_one_object_are_bounded() -> None:
         resolve_grammar(None, json.dumps({"type": "object", "properties": properties}))
 
 
+def test_properties_an_allof_merges_are_bounded() -> None:
+    # The converter makes one object of the parts' properties, optional ones
+    # costing it the square of their number.
+    parts = [{"properties": {f"p{part}_{i}": {} for i in range(200)}} for part in range(2)]
+    schema = {
+        "allOf": [{"anyOf": parts[:1]}, {"$ref": "#/$defs/more"}],
+        "$defs": {"more": parts[1]},
+    }
+    with pytest.raises(InvalidRequest, match="the allOf of 400 properties at '/'"):
+        resolve_grammar(None, json.dumps(schema))
+
+
 @pytest.mark.parametrize("depth", [65, 30_000])
 def test_json_nesting_is_bounded_before_it_is_parsed(depth: int) -> None:
     text = '{"enum": [' + "[" * depth + "]" * depth + "]}"

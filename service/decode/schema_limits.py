@@ -58,6 +58,7 @@ def check_schema(schema: dict[str, Any], limits: SchemaLimits) -> None:
         if count > limits.nodes:
             raise limit_exceeded(WHAT, "its number of subschemas", limits.nodes, "subschemas")
         _check_node(node, pointer or "/", limits)
+        _check_merged_properties(schema, node, pointer or "/", limits)
 
 
 def _subschemas(root: dict[str, Any]) -> Iterator[tuple[dict[str, Any], str]]:
@@ -120,6 +121,26 @@ def _check_node(node: dict[str, Any], pointer: str, limits: SchemaLimits) -> Non
         raise limit_exceeded(WHAT, subject, limits.properties, "properties")
     if isinstance(node.get("pattern"), str):
         _check_pattern(node["pattern"], pointer, limits)
+
+
+def _check_merged_properties(
+    root: dict[str, Any], node: dict[str, Any], pointer: str, limits: SchemaLimits
+) -> None:
+    """An allOf makes one object of its parts' properties (and of their anyOf's): bound them too."""
+    parts = node.get("allOf")
+    if not isinstance(parts, list):
+        return
+    merged = 0
+    for part in parts:
+        choices = part.get("anyOf") if isinstance(part, dict) else None
+        for item in choices if isinstance(choices, list) else [part]:
+            target = _ref_target(root, item.get("$ref")) if isinstance(item, dict) else None
+            schema = target[0] if target else item
+            properties = schema.get("properties") if isinstance(schema, dict) else None
+            merged += len(properties) if isinstance(properties, dict) else 0
+    if merged > limits.properties:
+        subject = f"the allOf of {merged} properties at {excerpt(pointer)}"
+        raise limit_exceeded(WHAT, subject, limits.properties, "properties")
 
 
 def _count(node: dict[str, Any], key: str, pointer: str, limits: SchemaLimits) -> int | None:
