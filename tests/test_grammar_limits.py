@@ -283,7 +283,9 @@ def test_properties_of_one_object_are_bounded() -> None:
 def test_properties_an_allof_merges_are_bounded() -> None:
     # The converter makes one object of the parts' properties, optional ones
     # costing it the square of their number.
-    parts = [{"properties": {f"p{part}_{i}": {} for i in range(200)}} for part in range(2)]
+    parts: list[dict[str, Any]] = [
+        {"properties": {f"p{part}_{i}": {} for i in range(200)}} for part in range(2)
+    ]
     schema = {
         "allOf": [{"anyOf": parts[:1]}, {"$ref": "#/$defs/more"}],
         "$defs": {"more": parts[1]},
