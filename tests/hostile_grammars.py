@@ -112,6 +112,11 @@ def _grammar_cases() -> list[HostileCase]:
         _grammar("token id too big", "root ::= <[4294967296]>"),
         _grammar("token id past the vocabulary", "root ::= <[999999999]>"),
         _grammar("token text", 'root ::= <think> "a" !<[1]>'),
+        # No token can go on and the grammar cannot end: llama.cpp's sampler aborts.
+        _grammar("a class matching nothing", 'root ::= "a" [^\\x00-\\U0010FFFF]'),
+        _grammar("an inverted range", "root ::= [b-a]"),
+        _grammar("a NUL escape", 'root ::= "\\x00"'),
+        _grammar("an end-of-generation token required", "root ::= <[2]> | <[0]>"),
         _grammar("unterminated token", "root ::= <" + "a" * 1000),
         _grammar("empty rule", "root ::="),
         _grammar("only comments", "# nothing\n# here\n"),

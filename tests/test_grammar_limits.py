@@ -157,6 +157,23 @@ def test_text_llama_cpp_would_misread_is_refused(grammar: str, message: str) -> 
         check_grammar(grammar)
 
 
+@pytest.mark.parametrize(
+    "grammar",
+    ['root ::= "a" [^\\x00-\\U0010FFFF]', "root ::= [b-a]", 'root ::= "\\x00"', "root ::= [\\x00]"],
+)
+def test_a_character_no_model_can_write_is_refused(grammar: str, no_llama: None) -> None:
+    # With nothing left to sample and no way to end, llama.cpp aborts the process.
+    with pytest.raises(InvalidRequest, match="requires a character no model can write"):
+        check_grammar(grammar)
+
+
+@pytest.mark.parametrize(
+    "grammar", ["root ::= [\\x00-\\x01]", "root ::= [a-] [^a]", "root ::= [-a]"]
+)
+def test_classes_with_some_character_left_pass(grammar: str) -> None:
+    check_grammar(grammar)
+
+
 @pytest.mark.parametrize("name", [n for n in dir(llama_grammar) if n.endswith("_GBNF")])
 def test_llama_cpps_example_grammars_pass(name: str) -> None:
     check_grammar(getattr(llama_grammar, name))

@@ -46,6 +46,7 @@ _TOKENS = re.compile(
     ")" + _SPACE
 )
 _ESCAPES = re.compile(_ESCAPE)
+_UNITS = re.compile(_ESCAPE + r"|[\s\S]")
 _HEX_SIZE = {"x": 2, "u": 4, "U": 8}
 _HEX = frozenset("0123456789abcdefABCDEF")
 _SIMPLE_ESCAPES = frozenset('tnr\\"[]-')
@@ -151,6 +152,8 @@ class _Parser:
         elif kind in ("literal", "chars"):
             body = match.group(kind)
             units = len(_ESCAPES.sub("e", body)) if "\\" in body else len(body)
+            if ("\\" in body or "-" in body) and _matches_nothing(body):
+                self._dead(body, pos)
             self._item(frame, None, units - 2 - (body.startswith("[^")))
         elif kind in ("token", "dot"):
             self._check_token(match.group(kind), pos)
@@ -293,6 +296,14 @@ class _Parser:
         self.rules.append(None)
         return len(self.names) - 1
 
+    def _dead(self, body: str, pos: int) -> NoReturn:
+        # When no token can go on and the grammar cannot end, llama.cpp's sampler
+        # aborts the process (llama-grammar.cpp: "fatal error").
+        raise InvalidRequest(
+            f"{self.what}: {excerpt(body)} at {_where(self.text, pos)} requires a character "
+            "no model can write (none, or only NUL)"
+        )
+
     def _bad(self, frames: list[_Frame], pos: int) -> NoReturn:
         """The error llama.cpp reports for what cannot start or continue a sequence here."""
         char = self.text[pos]
@@ -329,6 +340,54 @@ class _Parser:
     def _over(self, subject: str, pos: int | None, limit: int, unit: str) -> NoReturn:
         where = f" at {_where(self.text, pos)}" if pos is not None else ""
         raise limit_exceeded(self.what, f"{subject}{where}", limit, unit)
+
+
+def _matches_nothing(body: str) -> bool:
+    """Whether a literal requires, or a class allows only, characters no token holds.
+
+    Tokens never hold code point 0 (llama.cpp drops pieces that start with it and
+    reads the rest as C strings), so a class allowing only 0, or a literal with a
+    0 in it, matches nothing, as does a class of inverted ranges: [b-a].
+    """
+    if body.startswith('"'):
+        return 0 in _code_points(body[1:-1])
+    negated = body.startswith("[^")
+    ranges = _class_ranges(_code_points(body[2:-1] if negated else body[1:-1]), body)
+    if not negated:
+        return not any(high >= max(low, 1) for low, high in ranges)
+    covered = 1  # the first code point, from 1 up, that no range has covered yet
+    for low, high in sorted(ranges):
+        if low > covered:
+            break
+        covered = max(covered, high + 1)
+    return covered > 0x10FFFF
+
+
+def _code_points(text: str) -> list[int]:
+    """The characters of a literal's or class's body, escapes decoded, as llama.cpp reads them."""
+    points = []
+    for unit in _UNITS.findall(text):
+        if unit.startswith("\\") and unit[1] in _HEX_SIZE:
+            points.append(int(unit[2:], 16))
+        elif unit.startswith("\\"):
+            points.append(ord({"t": "\t", "r": "\r", "n": "\n"}.get(unit[1], unit[1])))
+        else:
+            points.append(ord(unit))
+    return points
+
+
+def _class_ranges(points: list[int], body: str) -> list[tuple[int, int]]:
+    """A class's (low, high) ranges: a - between two characters joins them, as in llama.cpp."""
+    units = _UNITS.findall(body[2:-1] if body.startswith("[^") else body[1:-1])
+    ranges, i = [], 0
+    while i < len(points):
+        if i + 2 < len(points) and units[i + 1] == "-":
+            ranges.append((points[i], points[i + 2]))
+            i += 3
+        else:
+            ranges.append((points[i], points[i]))
+            i += 1
+    return ranges
 
 
 def _where(text: str, pos: int) -> str:
