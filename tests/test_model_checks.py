@@ -198,6 +198,11 @@ SMOL_CASES: list[tuple[str, Edit, str]] = [
     ),
     ("F64 weights", tensor("blk.3.ffn_up.weight", set_type(int(Q.F64))), "is stored as f64"),
     (
+        "Q8_K weights",
+        tensor("blk.0.ffn_down.weight", set_type(int(Q.Q8_K))),
+        "tensor 'blk.0.ffn_down.weight' is stored as q8_K",
+    ),
+    (
         "F16 norm",
         tensor("blk.8.ffn_norm.weight", set_type(int(Q.F16))),
         "'blk.8.ffn_norm.weight' is a norm or a vector stored as f16",

@@ -12,9 +12,10 @@ import ctypes
 from functools import cache
 from pathlib import Path
 
-# Types that hold integers or doubles: a model's weights never use them, and
-# llama.cpp's matrix products take none of them (the process dies on them).
-NOT_WEIGHT_TYPES = frozenset({24, 25, 26, 27, 28})  # I8, I16, I32, I64, F64
+# Types no model stores its weights in, on which llama.cpp's matrix product
+# crashes the process: integers and doubles (I8, I16, I32, I64, F64), and Q8_K,
+# ggml's intermediate format for the activations of k-quant products.
+NOT_WEIGHT_TYPES = frozenset({24, 25, 26, 27, 28, 15})
 
 
 @cache

@@ -12,7 +12,7 @@ random mutations):
 - SIGABRT at the first decode: a NaN norm epsilon (ggml asserts eps >= 0); a rope
   dimension count that is odd or larger than the head (Gemma 3); a hang with
   a rope dimension count of 0;
-- SIGSEGV at the first decode: an integer or F64 weight (I8 ... I64, F64);
+- SIGSEGV at the first decode: an integer, F64 or Q8_K weight;
   SIGABRT with a norm's weights in any type but F32;
 - SIGABRT at load with tensor data not 32-byte aligned in the file
   (general.alignment 1 to 16);
