@@ -6,6 +6,9 @@ limit. The result is the rule structure, compact: an alternative is a list of
 items, a rule id (>= 0) or a run of terminal elements (characters, ranges,
 tokens) as minus its element count. Syntax errors are refused here, worded as
 llama.cpp words them, so llama.cpp only ever parses text read here to the end.
+Two refusals are this server's own: a comment inside `{m,n}` (llama.cpp skips
+it; nobody writes one), and a literal or class no model can write (llama.cpp
+accepts it, then aborts the process when sampling reaches it).
 
 One regular expression cuts the text into tokens, each with the spaces and
 comments after it, in C; the loop over tokens is the only Python per element.
