@@ -24,7 +24,7 @@ from service.models.embedded import EMBEDDED_MODELS
 from service.models.sources import ModelSource
 from tests import gguf_mutations as gm
 from tests.conftest import GEMMA, SMOLLM
-from tests.fixtures import Q, write_gguf_header
+from tests.fixtures import Q, write_checkpoint, write_gguf_header
 from tests.llama_child import load_in_children
 
 Edit = Callable[[gm.Template], None]
@@ -538,3 +538,11 @@ def test_a_token_to_add_falls_back_to_the_tokenizers_default(
     edited.put_scalar("tokenizer.ggml.add_eos_token", gm.BOOL, True)
     edited.put_scalar("tokenizer.ggml.eos_token_id", U32, 60_000)
     assert decision(gm.write(edited.encode(), tmp_path / "eos.gguf")).admitted
+
+
+def test_a_checkpoint_whose_weights_cannot_be_read_is_refused(tmp_path: Path) -> None:
+    checkpoint = write_checkpoint(tmp_path / "ckpt", {"model_type": "llama"})
+    (checkpoint / "model.safetensors").symlink_to(tmp_path / "gone")
+    answer = decide(ModelSource("checkpoint", checkpoint), Capability.TEXT, offline=True)
+    assert not answer.admitted
+    assert answer.reason == "'model.safetensors' cannot be read: No such file or directory"

@@ -20,7 +20,7 @@ import json
 import re
 import stat
 from collections import Counter
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from functools import lru_cache
 from pathlib import Path
@@ -197,7 +197,7 @@ def describe_checkpoint(directory: Path) -> ModelDescription:
     config = read_config(directory)
     text_config = config.get("text_config")
     text = text_config if isinstance(text_config, Mapping) else config
-    weights = sum(f.stat().st_size for f in directory.glob("*.safetensors"))
+    weights = _total_size(directory.glob("*.safetensors"))
     model_type = config.get("model_type")
     return ModelDescription(
         format="safetensors",
@@ -286,12 +286,23 @@ def describe_pipeline(directory: Path) -> ModelDescription:
         format="diffusers",
         architecture=class_name,
         quantization=from_checkpoint_config({"torch_dtype": dtype}),
-        weights_bytes=sum(f.stat().st_size for f in weights),
+        weights_bytes=_total_size(weights),
         kv_bytes_per_token=0,
         trained_context=0,
         config=index,
         defect=defect,
     )
+
+
+def _total_size(files: Iterable[Path]) -> int:
+    """The files' bytes in all; a file that cannot be read (a dangling link) is a refusal."""
+    total = 0
+    for file in files:
+        try:
+            total += file.stat().st_size
+        except OSError as exc:
+            raise UnreadableModel(f"{excerpt(file.name)} cannot be read: {exc.strerror}") from exc
+    return total
 
 
 _SAFETENSORS_DTYPES = {"F32": "float32", "F16": "float16", "BF16": "bfloat16"}
