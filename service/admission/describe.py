@@ -106,7 +106,7 @@ def _describe_gguf_cached(path: Path, size: int, mtime_ns: int) -> ModelDescript
     try:
         header = read_gguf_header(path)
     except GGUFFormatError as exc:
-        return f"the file is not a readable GGUF file: {exc}"
+        return f"not a readable GGUF file: {exc}"
     return _describe_header(header)
 
 

@@ -210,7 +210,7 @@ def read_gguf_header(path: Path) -> GGUFHeader:
         size = _file_size(file)
         reader = _Reader(file, size)
         if size < 4 or reader.take(4, "the magic number") != MAGIC:
-            raise GGUFFormatError("it is not a GGUF file (it does not start with 'GGUF')")
+            raise GGUFFormatError("the file does not start with 'GGUF': it is not a GGUF file")
         version = _version(reader)
         n_tensors, n_values = _counts(reader)
         values, types = _key_values(reader, n_values)
