@@ -30,6 +30,7 @@ import struct
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import gguf
 
@@ -70,7 +71,7 @@ class KeyValue:
     value_type: int
     payload: bytes  # the value as encoded after its type id
 
-    def scalar(self) -> object:
+    def scalar(self) -> Any:
         return struct.unpack("<" + _SCALAR_FORMATS[self.value_type], self.payload)[0]
 
 
@@ -202,7 +203,7 @@ def _parse(view: mmap.mmap, file_size: int) -> Template:
         tensors.append(TensorSpec(name, dims, ggml_type, offset))
     template = Template(version, values, tensors)
     if template.has("general.alignment"):
-        template.alignment = int(template.get("general.alignment").scalar())  # type: ignore[call-overload]
+        template.alignment = int(template.get("general.alignment").scalar())
     template.data_bytes = file_size - _align(position, template.alignment)
     return template
 
@@ -275,14 +276,14 @@ def _bytes_edit(edit: Callable[[Template, bytearray], bytes]) -> Callable[[Templ
     return build
 
 
-def _key_offset(template: Template, header: bytearray, key: str) -> int:
+def _key_offset(header: bytearray, key: str) -> int:
     """Where the key's length field starts in the encoded header."""
     return header.index(encode_string(key))
 
 
-def _value_offset(template: Template, header: bytearray, key: str) -> int:
+def _value_offset(header: bytearray, key: str) -> int:
     """Where the key's value (after its type id) starts in the encoded header."""
-    return _key_offset(template, header, key) + 8 + len(key.encode()) + 4
+    return _key_offset(header, key) + 8 + len(key.encode()) + 4
 
 
 # Structure.
@@ -333,11 +334,7 @@ def string_length(key: str, length: int) -> Mutation:
 
     def edit(t: Template, header: bytearray) -> bytes:
         kv = t.get(key)
-        at = (
-            _value_offset(t, header, key)
-            if kv.value_type == STRING
-            else _key_offset(t, header, key)
-        )
+        at = _value_offset(header, key) if kv.value_type == STRING else _key_offset(header, key)
         header[at : at + 8] = _pack("Q", length)
         return bytes(header)
 
@@ -346,7 +343,7 @@ def string_length(key: str, length: int) -> Mutation:
 
 def array_count(key: str, count: int) -> Mutation:
     def edit(t: Template, header: bytearray) -> bytes:
-        at = _value_offset(t, header, key) + 4
+        at = _value_offset(header, key) + 4
         header[at : at + 8] = _pack("Q", count)
         return bytes(header)
 
@@ -355,7 +352,7 @@ def array_count(key: str, count: int) -> Mutation:
 
 def array_item_type(key: str, item_type: int) -> Mutation:
     def edit(t: Template, header: bytearray) -> bytes:
-        at = _value_offset(t, header, key)
+        at = _value_offset(header, key)
         header[at : at + 4] = _pack("I", item_type)
         return bytes(header)
 
@@ -364,7 +361,7 @@ def array_item_type(key: str, item_type: int) -> Mutation:
 
 def value_type(key: str, new_type: int) -> Mutation:
     def edit(t: Template, header: bytearray) -> bytes:
-        at = _value_offset(t, header, key) - 4
+        at = _value_offset(header, key) - 4
         header[at : at + 4] = _pack("I", new_type & (2**32 - 1))
         return bytes(header)
 
@@ -449,7 +446,7 @@ def hparam_array(key: str, length: int | Callable[[int], int], item: int, label:
     """A per-layer array: `length` items (a callable of the block count) of `item`."""
 
     def edit(t: Template) -> None:
-        layers = int(t.get(_arch_key(t, "{arch}.block_count")).scalar())  # type: ignore[call-overload]
+        layers = int(t.get(_arch_key(t, "{arch}.block_count")).scalar())
         count = length(layers) if callable(length) else length
         t.put_array(_arch_key(t, key), U32, [item] * count)
 
@@ -655,7 +652,7 @@ def _hparam(template: Template, rng: random.Random) -> Mutation:
 
 def _tensor(template: Template, rng: random.Random) -> Mutation:
     index = rng.randrange(len(template.tensors))
-    layers = int(template.get(f"{template.architecture}.block_count").scalar())  # type: ignore[call-overload]
+    layers = int(template.get(f"{template.architecture}.block_count").scalar())
     choices: list[Callable[[], Mutation]] = [
         lambda: tensor_dims(
             index,
