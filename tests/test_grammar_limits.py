@@ -17,10 +17,10 @@ from llama_cpp import llama_grammar
 
 from inference.v1 import inference_pb2 as pb
 from inference.v1 import inference_pb2_grpc as pb_grpc
+from service.backends.llama_log import captured_parser_output
 from service.decode import grammar as grammar_module
 from service.decode.grammar import (
     MAX_GRAMMAR_CHARS,
-    _captured_stderr,
     check_grammar,
     check_grammar_limits,
     grammar_from_json_schema,
@@ -123,7 +123,7 @@ def test_left_recursion_is_refused_here(grammar: str, no_llama: None) -> None:
 
 def test_llama_cpp_refuses_plain_left_recursion_cleanly() -> None:
     """The refusal is a NULL sampler and a log line, not a crash: safe to rely on."""
-    with _captured_stderr():
+    with captured_parser_output():
         sampler = llama_cpp.llama_sampler_init_grammar(None, b'root ::= root "a" | "b"', b"root")
     assert not sampler
 
@@ -210,7 +210,7 @@ def _verdict(text: str) -> str:
 
 
 def _llama_parses(text: str) -> bool:
-    with _captured_stderr():
+    with captured_parser_output():
         sampler = llama_cpp.llama_sampler_init_grammar(None, text.encode(), b"root")
     if sampler:
         llama_cpp.llama_sampler_free(sampler)

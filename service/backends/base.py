@@ -19,6 +19,7 @@ from collections.abc import Callable, Generator, Sequence
 from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
 
+from service.errors import ServiceError
 from service.generation import SamplingDefaults, SamplingParams, TokenLogprob
 
 
@@ -50,10 +51,13 @@ class SequenceRequest:
 
 @dataclass(frozen=True)
 class Sampled:
-    """A token a sequence sampled, with its logprobs when the request asked."""
+    """A token a sequence sampled, with its logprobs when the request asked; or,
+    with `refused`, why this sequence cannot go on (its grammar allows no token):
+    it alone ends with that error, the rest of the batch is unaffected."""
 
     token: int
     logprob: TokenLogprob | None = None
+    refused: ServiceError | None = None
 
 
 class ActiveSequence(Protocol):

@@ -34,7 +34,7 @@ from service.backends.base import ActiveSequence, Sampled, SequenceRequest
 from service.backends.failure import load_refused
 from service.backends.kv_slots import Placement, Slot, SlotTable
 from service.backends.llama_batch import Batch, Chunk
-from service.backends.llama_sampling import SamplerChain
+from service.backends.llama_sampling import SamplerChain, SamplingRefused
 from service.backends.logprobs import token_logprob
 from service.config import FlashAttention, KvLayout
 from service.errors import BackendFailure
@@ -289,7 +289,10 @@ class LlamaCppBackend:
     def _sample(self, sequence: LlamaSequence, output: int, greedy: int | None) -> Sampled:
         # Logprobs read the raw logits, which sampling leaves as they are.
         context = self._context.ctx
-        token = sequence.sampler.sample(context, output) if greedy is None else greedy
+        try:
+            token = sequence.sampler.sample(context, output) if greedy is None else greedy
+        except SamplingRefused as refusal:
+            return Sampled(-1, refused=refusal)
         sequence.pending, sequence.decoding = [token], True
         if sequence.top_logprobs is None:
             return Sampled(token)

@@ -15,6 +15,9 @@ from __future__ import annotations
 
 import ctypes
 import importlib.util
+import os
+import sys
+import tempfile
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -27,6 +30,11 @@ GGML_LOG_DEBUG, GGML_LOG_WARN, GGML_LOG_ERROR = 1, 3, 4
 
 _log = structlog.get_logger("llama.cpp")
 _captured = threading.local()
+
+# llama.cpp's grammar parser prints its complaint, then the whole grammar, to the
+# process's stderr (not its log), starting with this.
+PARSER_MARKER = "error parsing grammar: "
+_stderr_lock = threading.Lock()
 
 
 @llama_cpp.llama_log_callback  # type: ignore[untyped-decorator]
@@ -57,6 +65,34 @@ def captured_native_log() -> Iterator[list[str]]:
         yield lines
     finally:
         _captured.lines = None
+
+
+@contextmanager
+def captured_parser_output() -> Iterator[list[str]]:
+    """What llama.cpp's grammar parser prints to file descriptor 2 inside the block.
+
+    The grammar it repeats could be 64 KiB of a client's text in the middle of
+    JSON logs, so the descriptor points at a file for the few microseconds of a
+    parse, under a lock; what other threads wrote meanwhile (all that precedes
+    the parser's marker) is written back.
+    """
+    printed: list[str] = []
+    with _stderr_lock, tempfile.TemporaryFile() as sink:
+        sys.stderr.flush()
+        saved = os.dup(2)
+        os.dup2(sink.fileno(), 2)
+        try:
+            yield printed
+        finally:
+            os.dup2(saved, 2)
+            os.close(saved)
+            sink.seek(0)
+            text = sink.read().decode("utf-8", errors="replace")
+            printed.append(text)
+            foreign = text[: text.find(PARSER_MARKER)] if PARSER_MARKER in text else text
+            foreign = foreign.removesuffix("parse: ")
+            if foreign:
+                os.write(2, foreign.encode("utf-8"))
 
 
 @contextmanager

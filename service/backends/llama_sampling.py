@@ -5,16 +5,29 @@ random generator seeded from the request, its own repetition history and
 grammar state. A chain is created when the sequence starts and freed when it
 finishes. The order follows llama-cpp-python's own: penalties, grammar, then
 the truncations and the draw (or greedy at temperature 0).
+
+A grammar is applied apart from the chain, and checked before anything is
+drawn. llama.cpp's own `llama_sampler_sample` draws even when the grammar has
+ruled out every token of the vocabulary (a grammar that demands an
+end-of-generation token, or a text no token can write), and then aborts the
+whole process when the grammar is told of the draw. Here such a sequence ends
+with INVALID_ARGUMENT instead, as does one whose grammar has grown too costly
+to apply (ambiguous grammars can double their work with every token, stalling
+every other stream of the model).
 """
 
 from __future__ import annotations
 
+import ctypes
 import re
+import time
 from collections.abc import Sequence
 from typing import cast
 
 import llama_cpp
+import numpy as np
 
+from service.backends.llama_log import captured_parser_output
 from service.errors import InvalidRequest
 from service.generation import SamplingParams
 
@@ -23,6 +36,16 @@ _TOKEN_ID = re.compile(r"<\[(\d+)\]>")
 
 # How many recent tokens the repetition penalty looks at (llama.cpp's default).
 PENALTY_WINDOW = 64
+# The longest one grammar may take to rule on one token's candidates: past it the
+# sequence ends, so that the others of its model are not held up for long.
+GRAMMAR_STEP_SECONDS = 2.0
+
+# llama_token_data, as numpy lays it out: the candidates handed to llama.cpp.
+_TOKEN_DATA = np.dtype([("id", np.int32), ("logit", np.float32), ("p", np.float32)])
+
+
+class SamplingRefused(InvalidRequest):
+    """This sequence's grammar cannot go on: it alone ends, with this error."""
 
 
 class SamplerChain:
@@ -35,20 +58,18 @@ class SamplerChain:
         vocab: llama_cpp.llama_vocab_p,
         grammar: str | None = None,
     ) -> None:
-        constraint = None if grammar is None else _grammar(vocab, grammar)
         # Plain greedy decoding is an argmax, which the backend takes for every such
         # sequence of a step in one numpy call; llama.cpp's chain would first copy the
         # whole vocabulary into a candidate array (a third of a millisecond per token
         # for Gemma's 262k entries).
         self.plain_greedy = params.temperature == 0 and params.repeat_penalty == 1.0 and not grammar
+        self._grammar = None if grammar is None else _GrammarGuard(vocab, grammar)
         self._chain = llama_cpp.llama_sampler_chain_init(
             llama_cpp.llama_sampler_chain_default_params()
         )
         if params.repeat_penalty != 1.0:
             n_vocab = llama_cpp.llama_vocab_n_tokens(vocab)
             self._add(_penalties(params.repeat_penalty, history, n_vocab))
-        if constraint is not None:
-            self._add(constraint)
         if params.temperature == 0:
             self._add(llama_cpp.llama_sampler_init_greedy())
             return
@@ -59,21 +80,91 @@ class SamplerChain:
         self._add(llama_cpp.llama_sampler_init_dist(params.seed))
 
     def sample(self, context: llama_cpp.llama_context_p, output_index: int) -> int:
-        """Sample from the logits of batch output `output_index`, and remember the choice."""
-        return int(llama_cpp.llama_sampler_sample(self._chain, context, output_index))
+        """Sample from the logits of batch output `output_index`, and remember the choice.
+
+        Raises SamplingRefused when the grammar rules out every token, or takes
+        too long to rule.
+        """
+        if self._grammar is None:
+            return int(llama_cpp.llama_sampler_sample(self._chain, context, output_index))
+        candidates = self._grammar.candidates(context, output_index)
+        llama_cpp.llama_sampler_apply(self._chain, ctypes.byref(candidates))
+        if not 0 <= candidates.selected < candidates.size:
+            raise SamplingRefused("the sampler chose no token the grammar allows")
+        token = int(candidates.data[candidates.selected].id)
+        self._grammar.accept(token)
+        llama_cpp.llama_sampler_accept(self._chain, token)
+        return token
 
     def close(self) -> None:
         if self._chain is not None:
             llama_cpp.llama_sampler_free(self._chain)  # frees the samplers it holds
             self._chain = None
+        if self._grammar is not None:
+            self._grammar.close()
+            self._grammar = None
 
     def _add(self, sampler: llama_cpp.llama_sampler_p) -> None:
         llama_cpp.llama_sampler_chain_add(self._chain, sampler)
 
 
+class _GrammarGuard:
+    """A grammar sampler of one sequence, applied to the vocabulary and checked."""
+
+    def __init__(self, vocab: llama_cpp.llama_vocab_p, grammar: str) -> None:
+        self._sampler = _grammar(vocab, grammar)
+        self._vocab = vocab
+        size = llama_cpp.llama_vocab_n_tokens(vocab)
+        self._ids = np.arange(size, dtype=np.int32)
+        self._candidates = np.zeros(size, dtype=_TOKEN_DATA)
+        self._tokens = 0
+
+    def candidates(
+        self, context: llama_cpp.llama_context_p, output_index: int
+    ) -> llama_cpp.llama_token_data_array:
+        """The vocabulary with the model's logits, every token the grammar rules out at
+        -inf; SamplingRefused when that is every token, or when ruling took too long."""
+        size = len(self._ids)
+        logits = llama_cpp.llama_get_logits_ith(context, output_index)
+        candidates = self._candidates
+        candidates["id"] = self._ids  # the chain sorted them last time
+        candidates["logit"] = np.ctypeslib.as_array(logits, shape=(size,))
+        candidates["p"] = 0.0
+        array = llama_cpp.llama_token_data_array(
+            data=candidates.ctypes.data_as(llama_cpp.llama_token_data_p),
+            size=size,
+            selected=-1,
+            sorted=False,
+        )
+        started = time.monotonic()
+        llama_cpp.llama_sampler_apply(self._sampler, ctypes.byref(array))
+        seconds = time.monotonic() - started
+        if seconds > GRAMMAR_STEP_SECONDS:
+            raise SamplingRefused(
+                f"the grammar took {seconds:.1f} s to rule on token {self._tokens + 1}, more "
+                f"than this server allows ({GRAMMAR_STEP_SECONDS:g} s): it is too ambiguous "
+                "(its alternatives multiply with each token); simplify it"
+            )
+        if not np.isfinite(candidates["logit"]).any():
+            raise SamplingRefused(
+                f"the grammar allows no token of this model's vocabulary after "
+                f"{self._tokens} generated tokens (it may demand an end-of-generation "
+                "token, or text no token can write)"
+            )
+        return array
+
+    def accept(self, token: int) -> None:
+        self._tokens += 1
+        llama_cpp.llama_sampler_accept(self._sampler, token)
+
+    def close(self) -> None:
+        llama_cpp.llama_sampler_free(self._sampler)
+
+
 def _grammar(vocab: llama_cpp.llama_vocab_p, grammar: str) -> llama_cpp.llama_sampler_p:
     _check_token_ids(vocab, grammar)
-    sampler = llama_cpp.llama_sampler_init_grammar(vocab, grammar.encode("utf-8"), b"root")
+    with captured_parser_output():
+        sampler = llama_cpp.llama_sampler_init_grammar(vocab, grammar.encode("utf-8"), b"root")
     if not sampler:
         # The text parsed before the request was queued (service.decode.grammar), so
         # what fails here is a token reference (<think>, <[1234]>) this vocabulary lacks.

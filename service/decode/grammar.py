@@ -20,16 +20,10 @@ back anything in it that is not the parser's.
 from __future__ import annotations
 
 import json
-import os
-import sys
-import tempfile
-import threading
-from collections.abc import Iterator
-from contextlib import contextmanager
 
 import llama_cpp
 
-from service.backends.llama_log import captured_native_log
+from service.backends.llama_log import PARSER_MARKER, captured_native_log, captured_parser_output
 from service.decode.gbnf_graph import check_rule_graph
 from service.decode.gbnf_scan import parse_gbnf
 from service.decode.grammar_limits import (
@@ -47,13 +41,11 @@ MAX_GRAMMAR_CHARS = 64 * 1024
 MAX_JSON_SCHEMA_CHARS = 64 * 1024
 ROOT_RULE = "root"
 
-_PARSER_MARKER = "error parsing grammar: "
 # Token references such as <think> or <[1234]> name vocabulary entries; the
 # parser cannot resolve them without a model, so they are checked when the
 # sampler is built against the model's vocabulary.
 _NEEDS_VOCAB = "no vocab to parse token"
 
-_stderr_lock = threading.Lock()
 
 # What the converter raises on a schema it cannot handle: `assert` for
 # unsupported keywords, KeyError for unknown types or refs, ValueError for
@@ -118,7 +110,7 @@ def grammar_from_json_schema(schema: str, limits: SchemaLimits = SCHEMA_LIMITS) 
 def check_grammar(gbnf: str, what: str = "the grammar") -> None:
     """Raise InvalidRequest when `gbnf` crosses a limit or does not parse (llama.cpp's reason)."""
     check_grammar_limits(gbnf, what)
-    with captured_native_log() as logged, _captured_stderr() as printed:
+    with captured_native_log() as logged, captured_parser_output() as printed:
         sampler = llama_cpp.llama_sampler_init_grammar(
             None, gbnf.encode("utf-8"), ROOT_RULE.encode("utf-8")
         )
@@ -152,29 +144,7 @@ def check_grammar_limits(gbnf: str, what: str, limits: GrammarLimits = GRAMMAR_L
 
 def _parser_reason(printed: list[str]) -> str:
     text = "".join(printed)
-    start = text.find(_PARSER_MARKER)
+    start = text.find(PARSER_MARKER)
     if start < 0:
         return ""
-    return text[start + len(_PARSER_MARKER) :].split("\n", 1)[0].strip()
-
-
-@contextmanager
-def _captured_stderr() -> Iterator[list[str]]:
-    """What is written to file descriptor 2 inside the block; other writers' text goes back."""
-    printed: list[str] = []
-    with _stderr_lock, tempfile.TemporaryFile() as sink:
-        sys.stderr.flush()
-        saved = os.dup(2)
-        os.dup2(sink.fileno(), 2)
-        try:
-            yield printed
-        finally:
-            os.dup2(saved, 2)
-            os.close(saved)
-            sink.seek(0)
-            text = sink.read().decode("utf-8", errors="replace")
-            printed.append(text)
-            foreign = text[: text.find(_PARSER_MARKER)] if _PARSER_MARKER in text else text
-            foreign = foreign.removesuffix("parse: ")
-            if foreign:
-                os.write(2, foreign.encode("utf-8"))
+    return text[start + len(PARSER_MARKER) :].split("\n", 1)[0].strip()

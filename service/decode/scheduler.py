@@ -236,6 +236,9 @@ class DecodeScheduler:
     def _deliver(self, request: _Request, sampled: Sampled) -> None:
         decoder = request.decoder
         assert decoder is not None  # set when the request became active
+        if sampled.refused is not None:  # this sequence cannot go on; the others can
+            self._retire(request, sampled.refused)
+            return
         try:
             for event in decoder.push(sampled.token, sampled.logprob):
                 for message in request.chunker.push(event):
