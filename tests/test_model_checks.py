@@ -401,6 +401,11 @@ GEMMA_CASES: list[tuple[str, Edit, str]] = [
         "gemma3.block_count is 600; llama.cpp supports 1 to 512 layers",
     ),
     (
+        "sliding window near 2^31",  # the generator found this one aborting
+        put("{arch}.attention.sliding_window", U32, 2**31),
+        "gemma3.attention.sliding_window is 2147483648; llama.cpp's 32-bit arithmetic",
+    ),
+    (
         "key length",
         put("{arch}.attention.key_length", U32, 128),
         "tensor 'blk.0.attn_k.weight' has shape (640, 256); "

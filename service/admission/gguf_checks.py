@@ -1,24 +1,21 @@
 """Whether llama.cpp can load and run a GGUF file, judged from its header alone.
 
 llama.cpp trusts a model's hyper-parameters. Loaded in a child process, the
-embedded SmolLM2 (llama) and Gemma 3 files, each mutated one value at a time,
-showed what takes the whole process down rather than failing the load
-(non-F32 norms, the "none" tokenizer and a small alignment turned up in seeded
-random mutations):
+embedded SmolLM2 (llama) and Gemma 3 files, each mutated one value at a time
+or at random (tests/gguf_mutations.py), showed what takes the whole process
+down rather than failing the load:
 - SIGABRT at load (GGML_ASSERTs in load_hparams): block_count 0 or over 512;
   nextn_predict_layers over block_count; an expert count with no expert used
   per token, or experts used (or grouped) in a model without experts; an
   unknown rope.scaling.type;
-- SIGABRT at the first decode: a NaN norm epsilon (ggml asserts eps >= 0); a rope
-  dimension count that is odd or larger than the head (Gemma 3); a hang with
-  a rope dimension count of 0;
-- SIGSEGV at the first decode: an integer, F64 or Q8_K weight;
-  SIGABRT with a norm's weights in any type but F32;
-- SIGABRT at load with tensor data not 32-byte aligned in the file
-  (general.alignment 1 to 16);
-- SIGABRT at load: two tokens of the vocabulary with the same text;
-- SIGABRT at the first prompt: tokenizer.ggml.model "none" (no vocabulary);
-  a BOS token to add where the file names none and its tokenizer has no default.
+- SIGABRT at load: tensor data not 32-byte aligned in the file (alignment 1
+  to 16); two tokens of the vocabulary with the same text;
+- SIGABRT at the first decode: a NaN norm epsilon (ggml asserts eps >= 0); a
+  rope dimension count odd or larger than the head (Gemma 3; 0 hangs it); a
+  sliding window near 2^31; a norm's weights in any type but F32;
+- SIGSEGV at the first decode: integer, F64 or Q8_K weights;
+- SIGABRT at the first prompt: tokenizer.ggml.model "none" (no vocabulary); a
+  BOS token to add where the file names none and its tokenizer has no default.
 Shapes that disagree with the hyper-parameters, wrong key types and per-layer
 arrays of the wrong length made llama.cpp raise instead, which the backend
 reports; they are refused here too, with the numbers that disagree, so that
@@ -54,6 +51,8 @@ MAX_LAYERS = 512
 MAX_EXPERTS = 1024
 ROPE_SCALING_TYPES = ("none", "linear", "yarn", "longrope")
 _INT32_MAX = 2**31 - 1
+# Gemma 3 with a window of 1.6e9 ran; 2.1e9 to 4.29e9 aborted at the first decode.
+MAX_SLIDING_WINDOW = 2**30
 _INT64_MAX = 2**63 - 1
 _UINT32, _INT32, _FLOAT32, _BOOL = 4, 5, 6, 7
 _F32_TENSOR = 0  # ggml's F32 tensor type
@@ -451,6 +450,13 @@ def _context_problem(model: _Model) -> str | None:
         return (
             f"{model.key('context_length')} is {context}; llama.cpp holds it in a signed "
             f"32-bit count (at most {_INT32_MAX})"
+        )
+    window = model.u32("attention.sliding_window", 0)
+    if window > MAX_SLIDING_WINDOW:
+        return (
+            f"{model.key('attention.sliding_window')} is {window}; llama.cpp's 32-bit "
+            f"arithmetic on token positions overflows past {MAX_SLIDING_WINDOW} and aborts "
+            "(real models slide a few thousand tokens)"
         )
     return None
 
