@@ -31,6 +31,7 @@ from service.errors import InvalidRequest
 from service.models.embedded import EMBEDDED_MODELS
 from tests.conftest import SMOLLM, collect, text_of
 from tests.hostile_grammars import random_grammar
+from tests.test_generation_features import PERSON
 
 ISSUE_SCHEMA = json.dumps({"type": "string", "pattern": "^a{0,100000}$"})
 ISSUE_GRAMMAR = "root ::= " + "(" * 32_000 + '"a"' + ")" * 32_000
@@ -384,15 +385,6 @@ def test_a_ref_cycle_that_is_left_recursion_is_refused(schema: dict[str, Any]) -
 
 # --- realistic schemas still pass, with flat repetitions -----------------------------
 
-PERSON = {
-    "type": "object",
-    "properties": {
-        "name": {"type": "string", "maxLength": 12},
-        "age": {"type": "integer", "minimum": 0, "maximum": 150},
-    },
-    "required": ["name", "age"],
-    "additionalProperties": False,
-}
 ADDRESS = {
     "type": "object",
     "properties": {
