@@ -3,11 +3,11 @@
 Every servicer method is wrapped by `unary_rpc` or `stream_rpc`. Before the
 method runs, the RPC gets its request id (bound into every log line and sent
 back as `x-request-id` response metadata) and, when the server requires one,
-its bearer token is checked, and a request whose bytes did not decode is
-refused with INVALID_ARGUMENT. A `ServiceError` becomes its own status and
-message; anything else becomes INTERNAL with a generic message and a logged
-traceback. Each RPC writes one summary line with whatever the method put in
-its `summary` dict.
+its bearer token is checked, a large request still encoded is decoded off the
+event loop, and one whose bytes do not decode is refused with INVALID_ARGUMENT.
+A `ServiceError` becomes its own status and message; anything else becomes
+INTERNAL with a generic message and a logged traceback. Each RPC writes one
+summary line with whatever the method put in its `summary` dict.
 """
 
 from __future__ import annotations
@@ -22,12 +22,13 @@ import grpc
 import structlog
 
 from service.errors import InvalidRequest, ServiceError
-from service.registration import UndecodableRequest
+from service.registration import EncodedRequest, UndecodableRequest
 from service.request_id import METADATA_KEY, request_id_from
 
 if TYPE_CHECKING:
     from service.auth import BearerAuth
     from service.metrics import Metrics
+    from service.offload import Offload
 
 log = structlog.get_logger("rpc")
 
@@ -45,10 +46,12 @@ MAX_STATUS_MESSAGE_CHARS = 2048
 
 
 class Observed(Protocol):
-    """A servicer whose RPCs are counted in its metrics, and guarded by its auth."""
+    """A servicer whose RPCs are counted in its metrics, guarded by its auth, and
+    whose large requests are decoded on its offload pool."""
 
     metrics: Metrics | None
     auth: BearerAuth | None
+    offload: Offload
 
 
 class _RpcOutcome:
@@ -116,8 +119,11 @@ def _bounded(message: str) -> str:
     return message[: MAX_STATUS_MESSAGE_CHARS - 20] + " ... (cut short)"
 
 
-def _decoded(request: Request | UndecodableRequest) -> Request:
-    """The request, or InvalidRequest when its bytes did not decode (see registration)."""
+async def _decoded(servicer: Observed, request: Any) -> Any:
+    """The request message, decoded off the event loop if it came encoded (see
+    registration); InvalidRequest when its bytes do not decode."""
+    if isinstance(request, EncodedRequest):
+        request = await servicer.offload.run(request.decode)
     if isinstance(request, UndecodableRequest):
         raise InvalidRequest(
             f"the request is not a valid {request.message_type} message ({request.reason}); "
@@ -134,7 +140,7 @@ def unary_rpc(
         outcome = _RpcOutcome(method.__name__, self.metrics)
         try:
             await outcome.begin(context, self.auth)
-            return await method(self, _decoded(request), outcome.summary)
+            return await method(self, await _decoded(self, request), outcome.summary)
         except asyncio.CancelledError:
             outcome.cancelled(context)
             raise
@@ -156,7 +162,7 @@ def stream_rpc(
         outcome = _RpcOutcome(method.__name__, self.metrics)
         try:
             await outcome.begin(context, self.auth)
-            async for response in method(self, _decoded(request), outcome.summary):
+            async for response in method(self, await _decoded(self, request), outcome.summary):
                 yield response
         except (asyncio.CancelledError, GeneratorExit):
             outcome.cancelled(context)

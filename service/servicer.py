@@ -52,7 +52,7 @@ class InferenceServicer(pb_grpc.InferenceServicer):
         self._images = images
         self._image_limits = image_limits
         self._default_image_model = default_image_model
-        self._offload = offload or Offload()
+        self.offload = offload or Offload()
 
     @stream_rpc
     async def Generate(
@@ -63,7 +63,7 @@ class InferenceServicer(pb_grpc.InferenceServicer):
         # (a grammar to compile, thousands of messages) is not, and runs off it.
         check_model_name(request.model)
         self._request_limits.check(request)
-        generation = await self._offload.run(
+        generation = await self.offload.run(
             GenerationRequest.from_pb, request, self._generation_limits
         )
         summary["model"] = generation.model or self._pool.catalog.default_model

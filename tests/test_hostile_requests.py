@@ -14,6 +14,7 @@ from inference.v1 import inference_pb2 as pb
 from inference.v1 import inference_pb2_grpc as pb_grpc
 from service.chat_template import STANDARD_ROLES, template_roles
 from service.generation import GenerationRequest
+from service.registration import EncodedRequest
 from tests.conftest import RunningServer, collect, finished_of
 
 FAST = 30  # seconds: a refusal must come back, not hang
@@ -41,6 +42,8 @@ def _still_serving(stub: pb_grpc.InferenceStub) -> None:
 
 
 GARBAGE = (b"\xff\xff\xff\xff", "corrupt")
+# Large enough to be decoded off the event loop.
+LARGE_GARBAGE = (b"\xff" * 100_000, "corrupt")
 # Field 1, `model`, a string holding invalid UTF-8.
 BAD_UTF8 = (b"\x0a\x02\xff\xfe", "UTF-8")
 
@@ -50,6 +53,7 @@ BAD_UTF8 = (b"\x0a\x02\xff\xfe", "UTF-8")
     [
         ("/inference.v1.Inference/Generate", True, *GARBAGE),
         ("/inference.v1.Inference/Generate", True, *BAD_UTF8),
+        ("/inference.v1.Inference/Generate", True, *LARGE_GARBAGE),
         ("/inference.v1.Inference/Admit", False, *GARBAGE),
         ("/inference.v1.Inference/Admit", False, *BAD_UTF8),
         ("/inference.v1.Inference/GenerateImage", True, *BAD_UTF8),
@@ -195,6 +199,28 @@ def test_a_million_messages_are_refused_before_they_are_converted(
     assert error.code() == grpc.StatusCode.INVALID_ARGUMENT
     assert "at most 1024 messages per request, got 1000000" in (error.details() or "")
     assert conversions == []  # refused on the count alone
+
+
+def test_a_large_request_is_decoded_off_the_event_loop(
+    server: RunningServer, stub: pb_grpc.InferenceStub, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    threads: list[str] = []
+    decode = EncodedRequest.decode
+
+    def recording(self: EncodedRequest) -> object:
+        threads.append(threading.current_thread().name)
+        return decode(self)
+
+    monkeypatch.setattr(EncodedRequest, "decode", recording)
+    small = pb.GenerateRequest(prompt="Hi", max_tokens=1, temperature=0)
+    collect(stub.Generate(small, timeout=60))
+    assert threads == []  # decoded where it arrived: not worth a thread hop
+    large = pb.GenerateRequest(prompt="Hi " * 40_000, max_tokens=1, temperature=0)
+    error = _refusal(lambda: stub.Generate(large, timeout=60))  # over the context window
+    assert error.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert len(threads) == 1
+    assert threads[0].startswith("request-work")
+    assert threads[0] != server._thread.name
 
 
 def test_requests_are_converted_off_the_event_loop(
