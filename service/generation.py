@@ -235,6 +235,19 @@ class SamplingOverrides:
 
 
 @dataclass(frozen=True)
+class Grammar:
+    """GBNF text every sampled token must fit, checked against the server's bounds.
+
+    `branches` is the most parser stacks one position of it can lead to:
+    llama.cpp checks each against every token of the vocabulary, so with the
+    model's vocabulary it says what sampling one token costs.
+    """
+
+    text: str
+    branches: int = 1
+
+
+@dataclass(frozen=True)
 class GenerationRequest:
     model: str
     prompt: str | None
@@ -243,9 +256,9 @@ class GenerationRequest:
     stop: tuple[str, ...]
     sampling: SamplingOverrides
     tools: tuple[Tool, ...] = ()
-    # GBNF text constraining the output: the request's `grammar`, or one built
-    # from `response_format.json_schema`; checked to parse. None: unconstrained.
-    grammar: str | None = None
+    # The grammar constraining the output: the request's `grammar`, or one built
+    # from `response_format.json_schema`; checked. None: unconstrained.
+    grammar: Grammar | None = None
     logprobs: bool = False
     # Alternatives to report per token; 0 when none (or logprobs is off).
     top_logprobs: int = 0
@@ -325,7 +338,7 @@ class GenerationRequest:
                 )
 
 
-def _grammar(grammar: str | None, json_schema: str) -> str | None:
+def _grammar(grammar: str | None, json_schema: str) -> Grammar | None:
     if grammar is None and not json_schema:
         return None
     # Imported only when needed: it loads llama.cpp, which start-up must not pay for.

@@ -473,7 +473,7 @@ def _sequence_starter(vocab_path: str | None) -> Any:
     import llama_cpp
 
     from service.backends.llama_sampling import SamplerChain
-    from service.generation import SamplingParams
+    from service.generation import Grammar, SamplingParams
 
     params = llama_cpp.llama_model_default_params()
     params.vocab_only = True
@@ -483,8 +483,8 @@ def _sequence_starter(vocab_path: str | None) -> Any:
         temperature=0.0, top_p=1.0, top_k=0, min_p=0.0, repeat_penalty=1.0, seed=1
     )
 
-    def start(gbnf: str) -> None:
-        SamplerChain(greedy, [], vocab, gbnf).close()
+    def start(grammar: Grammar) -> None:
+        SamplerChain(greedy, [], vocab, grammar).close()
 
     return start
 

@@ -11,6 +11,7 @@ from service.generation import (
     Delta,
     GenerationLimits,
     GenerationRequest,
+    Grammar,
     SamplingDefaults,
     TokenLogprob,
     TopLogprob,
@@ -104,11 +105,11 @@ def test_structured_output_and_logprobs_fields_are_resolved() -> None:
         top_logprobs=5,
     )
     assert request.grammar is not None
-    assert "root ::=" in request.grammar
+    assert "root ::=" in request.grammar.text
     assert (request.logprobs, request.top_logprobs) == (True, 5)
     plain = parse(prompt="a")
     assert (plain.grammar, plain.logprobs, plain.top_logprobs, plain.tools) == (None, False, 0, ())
-    assert parse(prompt="a", grammar='root ::= "x"').grammar == 'root ::= "x"'
+    assert parse(prompt="a", grammar='root ::= "x"').grammar == Grammar('root ::= "x"')
 
 
 def test_top_logprobs_is_bounded_by_the_servers_setting() -> None:

@@ -5,6 +5,7 @@ ends with INVALID_ARGUMENT; the server and the model's other streams go on."""
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator
 
 import grpc
@@ -13,7 +14,7 @@ import pytest
 from inference.v1 import inference_pb2 as pb
 from inference.v1 import inference_pb2_grpc as pb_grpc
 from service.backends import llama_sampling
-from tests.conftest import collect, finished_of, make_settings, serving
+from tests.conftest import GEMMA, SMOLLM, collect, finished_of, make_settings, serving
 from tests.server_process import server_process, wait_until_serving
 
 
@@ -70,3 +71,30 @@ def test_a_grammar_that_grows_too_costly_ends_while_others_stream(
         assert caught.value.code() == grpc.StatusCode.INVALID_ARGUMENT
         assert "too ambiguous" in (caught.value.details() or "")
         assert finished_of(collect(other)).usage.completion_tokens == 40
+
+
+ENUM_OF_1000 = json.dumps({"enum": [f"name-{i:04d}" for i in range(1000)]})
+
+
+def test_a_grammar_too_costly_for_the_models_vocabulary_is_refused_before_it_samples(
+    stub: pb_grpc.InferenceStub,
+) -> None:
+    def generate(model: str) -> list[pb.GenerateResponse]:
+        request = pb.GenerateRequest(
+            model=model,
+            prompt="Pick one:",
+            max_tokens=8,
+            temperature=0,
+            response_format=pb.ResponseFormat(json_schema=ENUM_OF_1000),
+        )
+        return collect(stub.Generate(request, timeout=120))
+
+    # 1,000 ways at the first character, each checked against every token sampled:
+    # about 49 million checks on SmolLM2's 49k vocabulary, 262 million on Gemma's.
+    assert finished_of(generate(SMOLLM)).usage.completion_tokens > 0
+    with pytest.raises(grpc.RpcError) as caught:
+        generate(GEMMA)
+    assert caught.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    details = caught.value.details() or ""
+    assert "can branch 1000 ways at one point" in details
+    assert "262144 tokens" in details

@@ -14,7 +14,7 @@ from service.backends.base import SequenceRequest
 from service.backends.llama_cpp import LlamaCppBackend, LlamaCppOptions, LlamaSequence
 from service.backends.llama_log import captured_native_log
 from service.errors import InvalidRequest
-from service.generation import SamplingParams
+from service.generation import Grammar, SamplingParams
 from service.models.embedded import EMBEDDED_MODELS
 from tests.conftest import SMOLLM
 
@@ -116,7 +116,7 @@ def test_identical_prompts_in_one_batch_give_identical_tokens(backend: LlamaCppB
 
 def test_a_grammar_constrains_each_sequence_on_its_own(backend: LlamaCppBackend) -> None:
     constrained, free = (
-        run(backend, ["Answer:", "Answer:"], 3, grammar='root ::= "yes" | "no"')[0],
+        run(backend, ["Answer:", "Answer:"], 3, grammar=Grammar('root ::= "yes" | "no"'))[0],
         run(backend, ["Answer:"], 3)[0],
     )
     text = b"".join(backend.token_bytes(t) for t in constrained).decode()
@@ -150,7 +150,7 @@ def test_a_grammar_naming_tokens_the_vocabulary_lacks_is_refused(
     # The second one, let through, would abort the whole process at sampling time.
     ids = tuple(backend.tokenize("Hi", add_bos=False))
     with pytest.raises(InvalidRequest, match="vocabulary"):
-        backend.start(SequenceRequest(ids, GREEDY, 2, grammar=grammar))
+        backend.start(SequenceRequest(ids, GREEDY, 2, grammar=Grammar(grammar)))
     # The refusal left nothing behind: the model still serves every place.
     assert len(run(backend, ["a", "b", "c"], 2)) == 3
 

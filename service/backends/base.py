@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
 
 from service.errors import ServiceError
-from service.generation import SamplingDefaults, SamplingParams, TokenLogprob
+from service.generation import Grammar, SamplingDefaults, SamplingParams, TokenLogprob
 
 
 @dataclass
@@ -43,8 +43,8 @@ class SequenceRequest:
     sampling: SamplingParams
     # Tokens the sequence may still generate; the backend reserves room for them.
     max_tokens: int
-    # GBNF text every sampled token must fit; None for free text.
-    grammar: str | None = None
+    # The grammar every sampled token must fit; None for free text.
+    grammar: Grammar | None = None
     # Report each token's logprob with this many alternatives; None: no logprobs.
     top_logprobs: int | None = None
 

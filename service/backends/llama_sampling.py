@@ -29,15 +29,22 @@ import numpy as np
 
 from service.backends.llama_log import captured_parser_output
 from service.errors import InvalidRequest
-from service.generation import SamplingParams
+from service.generation import Grammar, SamplingParams
 
 # A token given by its id in a grammar: <[1234]>, or !<[1234]> for "any but".
 _TOKEN_ID = re.compile(r"<\[(\d+)\]>")
 
 # How many recent tokens the repetition penalty looks at (llama.cpp's default).
 PENALTY_WINDOW = 64
+# llama.cpp checks every parser stack of a grammar against every token of the
+# vocabulary, for each token sampled: a grammar whose widest point times the
+# vocabulary passes this is refused when its sequence starts (an enum of 1,000
+# names on Gemma's 262k vocabulary would cost about 3 s a token on a laptop core).
+MAX_GRAMMAR_CHECKS_PER_TOKEN = 64_000_000
 # The longest one grammar may take to rule on one token's candidates: past it the
-# sequence ends, so that the others of its model are not held up for long.
+# sequence ends, so that the others of its model are not held up for long. Only a
+# grammar whose alternatives multiply as it goes gets there, which no static
+# bound can see.
 GRAMMAR_STEP_SECONDS = 2.0
 
 # llama_token_data, as numpy lays it out: the candidates handed to llama.cpp.
@@ -56,7 +63,7 @@ class SamplerChain:
         params: SamplingParams,
         history: Sequence[int],
         vocab: llama_cpp.llama_vocab_p,
-        grammar: str | None = None,
+        grammar: Grammar | None = None,
     ) -> None:
         # Plain greedy decoding is an argmax, which the backend takes for every such
         # sequence of a step in one numpy call; llama.cpp's chain would first copy the
@@ -111,10 +118,11 @@ class SamplerChain:
 class _GrammarGuard:
     """A grammar sampler of one sequence, applied to the vocabulary and checked."""
 
-    def __init__(self, vocab: llama_cpp.llama_vocab_p, grammar: str) -> None:
-        self._sampler = _grammar(vocab, grammar)
-        self._vocab = vocab
+    def __init__(self, vocab: llama_cpp.llama_vocab_p, grammar: Grammar) -> None:
         size = llama_cpp.llama_vocab_n_tokens(vocab)
+        _check_cost(grammar, size)
+        self._sampler = _grammar(vocab, grammar.text)
+        self._vocab = vocab
         self._ids = np.arange(size, dtype=np.int32)
         self._candidates = np.zeros(size, dtype=_TOKEN_DATA)
         self._tokens = 0
@@ -159,6 +167,18 @@ class _GrammarGuard:
 
     def close(self) -> None:
         llama_cpp.llama_sampler_free(self._sampler)
+
+
+def _check_cost(grammar: Grammar, vocabulary: int) -> None:
+    checks = grammar.branches * vocabulary
+    if checks > MAX_GRAMMAR_CHECKS_PER_TOKEN:
+        raise InvalidRequest(
+            f"the grammar can branch {grammar.branches} ways at one point; with this "
+            f"model's {vocabulary} tokens that is {checks} checks per token sampled, more "
+            f"than this server allows ({MAX_GRAMMAR_CHECKS_PER_TOKEN}): use fewer "
+            "alternatives (a smaller enum, anyOf or oneOf) or a model with a smaller "
+            "vocabulary"
+        )
 
 
 def _grammar(vocab: llama_cpp.llama_vocab_p, grammar: str) -> llama_cpp.llama_sampler_p:

@@ -27,9 +27,13 @@ from service.errors import InvalidRequest, excerpt
 Alternative = list[int]
 
 
-def check_rule_graph(parsed: ParsedGrammar, what: str, limits: GrammarLimits) -> None:
-    """Refuse left recursion, long chains, exponential checks and wide fan-outs."""
-    _RuleGraph(parsed, what, limits).check()
+def check_rule_graph(parsed: ParsedGrammar, what: str, limits: GrammarLimits) -> int:
+    """Refuse left recursion, long chains, exponential checks and wide fan-outs.
+
+    Returns the widest fan-out: the most parser stacks one position can lead to,
+    each of which llama.cpp checks against every token of the vocabulary.
+    """
+    return _RuleGraph(parsed, what, limits).check()
 
 
 class _RuleGraph:
@@ -41,11 +45,11 @@ class _RuleGraph:
         self.nullable = _nullable_rules(self.rules)
         self.edges = [self._starts(alts) for alts in self.rules]
 
-    def check(self) -> None:
+    def check(self) -> int:
         order = self._children_first()
         self._check_chains(order)
         self._check_left_work(order)
-        self._check_branches(order)
+        return self._check_branches(order)
 
     def _starts(self, alts: list[Alternative]) -> list[int]:
         """The rules the alternatives can start with, once per reference as llama.cpp walks them."""
@@ -123,8 +127,9 @@ class _RuleGraph:
                     visited[current] = True
                     todo.extend(self.edges[current])
 
-    def _check_branches(self, order: list[int]) -> None:
-        """Refuse when one position can fan out to too many parser stacks.
+    def _check_branches(self, order: list[int]) -> int:
+        """Refuse when one position can fan out to too many parser stacks; else the
+        most it can.
 
         From a position in an alternative, llama.cpp's stack advance goes down
         into the rule referenced there (one stack per way that rule can start),
@@ -136,9 +141,14 @@ class _RuleGraph:
             ways[rule] = min(cap, sum(self._fan_out(alt, ways, cap) for alt in self.rules[rule]))
             if ways[rule] == cap:
                 self._refuse_branches(rule, "start")
+        widest = max(ways, default=1)
         for rule, alts in enumerate(self.rules):
-            if any(self._widest(alt, ways, cap) == cap for alt in alts):
-                self._refuse_branches(rule, "go on at one point")
+            for alt in alts:
+                width = self._widest(alt, ways, cap)
+                if width == cap:
+                    self._refuse_branches(rule, "go on at one point")
+                widest = max(widest, width)
+        return widest
 
     def _refuse_branches(self, rule: int, how: str) -> NoReturn:
         subject = f"the number of ways rule {self._name(rule)} can {how}"

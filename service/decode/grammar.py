@@ -36,6 +36,7 @@ from service.decode.grammar_limits import (
 from service.decode.schema_converter import schema_to_gbnf
 from service.decode.schema_limits import WHAT, check_json_depth, check_schema
 from service.errors import InvalidRequest, excerpt
+from service.generation import Grammar
 
 MAX_GRAMMAR_CHARS = 64 * 1024
 MAX_JSON_SCHEMA_CHARS = 64 * 1024
@@ -62,8 +63,8 @@ _CONVERTER_ERRORS = (
 )
 
 
-def resolve_grammar(grammar: str | None, json_schema: str) -> str | None:
-    """The GBNF text that should constrain a request, checked; None if unconstrained.
+def resolve_grammar(grammar: str | None, json_schema: str) -> Grammar | None:
+    """The GBNF that should constrain a request, checked; None if unconstrained.
 
     `grammar` is the request's GBNF (None when unset) and `json_schema` its
     response_format.json_schema (empty when unset); setting both is refused.
@@ -75,12 +76,10 @@ def resolve_grammar(grammar: str | None, json_schema: str) -> str | None:
             raise InvalidRequest("`grammar` is set but empty")
         if len(grammar) > MAX_GRAMMAR_CHARS:
             raise InvalidRequest(f"`grammar` is limited to {MAX_GRAMMAR_CHARS} characters")
-        check_grammar(grammar, what="`grammar`")
-        return grammar
+        return Grammar(grammar, check_grammar(grammar, what="`grammar`"))
     if json_schema:
         gbnf = grammar_from_json_schema(json_schema)
-        check_grammar(gbnf, what=f"the grammar built from {WHAT}")
-        return gbnf
+        return Grammar(gbnf, check_grammar(gbnf, what=f"the grammar built from {WHAT}"))
     return None
 
 
@@ -107,26 +106,29 @@ def grammar_from_json_schema(schema: str, limits: SchemaLimits = SCHEMA_LIMITS) 
     return gbnf
 
 
-def check_grammar(gbnf: str, what: str = "the grammar") -> None:
-    """Raise InvalidRequest when `gbnf` crosses a limit or does not parse (llama.cpp's reason)."""
-    check_grammar_limits(gbnf, what)
+def check_grammar(gbnf: str, what: str = "the grammar") -> int:
+    """Raise InvalidRequest when `gbnf` crosses a limit or does not parse (llama.cpp's
+    reason); else return its widest fan-out (see check_grammar_limits)."""
+    width = check_grammar_limits(gbnf, what)
     with captured_native_log() as logged, captured_parser_output() as printed:
         sampler = llama_cpp.llama_sampler_init_grammar(
             None, gbnf.encode("utf-8"), ROOT_RULE.encode("utf-8")
         )
     if sampler:
         llama_cpp.llama_sampler_free(sampler)
-        return
+        return width
     reason = _parser_reason(printed) or "; ".join(line for line in logged if line)
     if _NEEDS_VOCAB in reason:
-        return
+        return width
     # The reason can quote the grammar (a rule's name, the text after an error).
     detail = excerpt(reason, 200) if reason else "llama.cpp refused it"
     raise InvalidRequest(f"{what} does not parse: {detail}")
 
 
-def check_grammar_limits(gbnf: str, what: str, limits: GrammarLimits = GRAMMAR_LIMITS) -> None:
-    """Refuse `gbnf` if it does not parse or crosses a limit, before llama.cpp reads it.
+def check_grammar_limits(gbnf: str, what: str, limits: GrammarLimits = GRAMMAR_LIMITS) -> int:
+    """Refuse `gbnf` if it does not parse or crosses a limit, before llama.cpp reads it;
+    else return its widest fan-out: the most parser stacks one position can lead to
+    (the whole limit when the grammar is left for llama.cpp to judge).
 
     A grammar naming an undefined rule, or lacking `root`, is left for
     llama.cpp to refuse in its own words: by then it has been read to the end.
@@ -139,7 +141,8 @@ def check_grammar_limits(gbnf: str, what: str, limits: GrammarLimits = GRAMMAR_L
         raise InvalidRequest(f"{what} is not valid Unicode: {exc.reason}") from exc
     parsed = parse_gbnf(gbnf, what, limits)
     if parsed.complete():
-        check_rule_graph(parsed, what, limits)
+        return check_rule_graph(parsed, what, limits)
+    return limits.branches
 
 
 def _parser_reason(printed: list[str]) -> str:

@@ -23,6 +23,7 @@ from service.generation import (
     Delta,
     Finished,
     FinishReason,
+    Grammar,
     SamplingParams,
     Timing,
     TokenLogprob,
@@ -40,8 +41,8 @@ class DecodePlan:
     sampling: SamplingParams
     # Wall-clock ceiling on decoding, in seconds; None for no ceiling.
     time_limit_s: float | None
-    # GBNF text every sampled token must fit; None for free text.
-    grammar: str | None = None
+    # The grammar every sampled token must fit; None for free text.
+    grammar: Grammar | None = None
     # Report each token's logprob with this many alternatives; None: no logprobs.
     top_logprobs: int | None = None
 
