@@ -20,13 +20,16 @@ import sys
 import tempfile
 import threading
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager
+from typing import TypeVar
 
 import llama_cpp
 import structlog
 
 # ggml_log_level in ggml.h.
 GGML_LOG_DEBUG, GGML_LOG_WARN, GGML_LOG_ERROR = 1, 3, 4
+
+T = TypeVar("T")
 
 _log = structlog.get_logger("llama.cpp")
 _captured = threading.local()
@@ -57,14 +60,18 @@ def forward_native_log(level: int, text: bytes, user_data: ctypes.c_void_p) -> N
 
 
 @contextmanager
-def captured_native_log() -> Iterator[list[str]]:
-    """Collect what llama.cpp logs on this thread instead of logging it."""
-    lines: list[str] = []
-    _captured.lines = lines
+def _on_this_thread(setting: str, value: T, after: object) -> Iterator[T]:
+    """`setting` of this thread's log routing is `value` inside the block."""
+    setattr(_captured, setting, value)
     try:
-        yield lines
+        yield value
     finally:
-        _captured.lines = None
+        setattr(_captured, setting, after)
+
+
+def captured_native_log() -> AbstractContextManager[list[str]]:
+    """Collect what llama.cpp logs on this thread instead of logging it."""
+    return _on_this_thread("lines", [], None)
 
 
 @contextmanager
@@ -95,27 +102,16 @@ def captured_parser_output() -> Iterator[list[str]]:
                 os.write(2, foreign.encode("utf-8"))
 
 
-@contextmanager
-def recorded_native_errors() -> Iterator[list[str]]:
+def recorded_native_errors() -> AbstractContextManager[list[str]]:
     """Log llama.cpp's lines as usual, and also collect its errors on this thread,
     for a caller that must say why a call failed (llama.cpp returns only NULL)."""
-    errors: list[str] = []
-    _captured.errors = errors
-    try:
-        yield errors
-    finally:
-        _captured.errors = None
+    return _on_this_thread("errors", [], None)
 
 
-@contextmanager
-def expected_native_warnings(*fragments: str) -> Iterator[None]:
+def expected_native_warnings(*fragments: str) -> AbstractContextManager[tuple[str, ...]]:
     """Drop, on this thread, llama.cpp's lines that contain one of `fragments`:
     warnings the caller has accounted for, which would only alarm an operator."""
-    _captured.expected = fragments
-    try:
-        yield
-    finally:
-        _captured.expected = ()
+    return _on_this_thread("expected", fragments, ())
 
 
 def load_native_filter() -> ctypes.CDLL | None:
