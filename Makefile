@@ -7,6 +7,8 @@ BIN := $(VENV)/bin
 LLAMA_CMAKE_ARGS ?= -DGGML_NATIVE=OFF -DLLAVA_BUILD=OFF
 PROTO_OUT := .
 PROTOS := protos/inference/v1/inference.proto
+# The front's contract with its engine processes: Python only, never a client's.
+ENGINE_PROTOS := protos/inference/engine/v1/engine.proto
 
 .PHONY: install serve test lint protos bench clean cuda-fetch cuda-deps cuda-llama cuda-model cuda-bench
 
@@ -39,6 +41,8 @@ protos:
 	$(BIN)/python -m grpc_tools.protoc -I protos \
 		--python_out=$(PROTO_OUT) --pyi_out=$(PROTO_OUT) --grpc_python_out=$(PROTO_OUT) \
 		$(PROTOS)
+	$(BIN)/python -m grpc_tools.protoc -I protos \
+		--python_out=$(PROTO_OUT) --pyi_out=$(PROTO_OUT) $(ENGINE_PROTOS)
 	$(BIN)/python -m grpc_tools.protoc -I protos \
 		--plugin=protoc-gen-es=$(TS_CLIENT)/node_modules/.bin/protoc-gen-es \
 		--es_out=$(TS_CLIENT)/src/gen --es_opt=target=js+dts,import_extension=js \

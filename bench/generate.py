@@ -294,6 +294,12 @@ def parse_args() -> argparse.Namespace:
         help="the service's --kv-layout, and the raw batched loop's; with per-sequence, "
         "--context-size is each sequence's",
     )
+    parser.add_argument(
+        "--engine-mode",
+        choices=("process", "in-process"),
+        default="process",
+        help="the service's --engine-mode: each model in an engine process, or in the server's",
+    )
     parser.add_argument("--bandwidth-gbs", type=float, help="memory bandwidth, for the bound")
     parser.add_argument("--out", type=Path, default=Path("bench-results"))
     args = parser.parse_args()
@@ -317,6 +323,7 @@ def main() -> None:
         "--parallel-sequences", str(max(args.streams)),
         # The server-wide gate (default 32) would otherwise queue the streams beyond it.
         "--max-concurrent", str(max(max(args.streams), 32)),
+        "--engine-mode", args.engine_mode,
     ]  # fmt: skip
     if args.model_path:
         args.model = "bench"
@@ -346,7 +353,8 @@ def main() -> None:
         service_run(stub, args.model, "warm up", 4)
         raw.single_run(llama, "warm up", 4)
         figures.single = measure_single(llama, stub, args.model, args.runs, args.max_tokens)
-        figures.memory_mib = {"raw": raw_rss, "service": rss_mib(pid)}
+        # The server and its engine processes.
+        figures.memory_mib = {"raw": raw_rss, "service": rss_mib(pid, with_children=True)}
         figures.streams = measure_streams(llama, stub, args, tokenize)
         figures.second_turn = measure_second_turn(llama, stub, args, tokenize)
     llama.close()

@@ -54,11 +54,23 @@ def service_run(stub: pb_grpc.InferenceStub, model: str, prompt: str, max_tokens
     return Run(ttft_ms, rate(count, first, last), count, cached)
 
 
-def rss_mib(pid: int) -> float:
+def rss_mib(pid: int, *, with_children: bool = False) -> float:
+    """Resident memory of `pid`, and with `with_children` of its child processes too."""
+    total = 0.0
     for line in Path(f"/proc/{pid}/status").read_text().splitlines():
         if line.startswith("VmRSS:"):
-            return int(line.split()[1]) / 1024
-    return 0.0
+            total = int(line.split()[1]) / 1024
+    if with_children:
+        total += sum(rss_mib(child, with_children=True) for child in children(pid))
+    return total
+
+
+def children(pid: int) -> list[int]:
+    found: list[int] = []
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        text = (task / "children").read_text()
+        found += [int(child) for child in text.split()]
+    return found
 
 
 @contextmanager

@@ -29,10 +29,11 @@ from pydantic import (
 )
 from pydantic_settings import BaseSettings, EnvSettingsSource, NoDecode, SettingsConfigDict
 
+from service.engine.options import FlashAttention, KvLayout
+
 ENV_PREFIX = "INFERENCE_"
 
-FlashAttention = Literal["auto", "on", "off"]
-KvLayout = Literal["unified", "per-sequence"]
+__all__ = ["FlashAttention", "KvLayout", "ModelConfig", "Settings", "load_settings"]
 
 
 def available_cores() -> int:
@@ -242,6 +243,23 @@ class Settings(BaseSettings):
         default=None,
         description="Serve Prometheus metrics over HTTP on HOST:PORT at /metrics (off when unset).",
     )
+    engine_mode: Literal["process", "in-process"] = Field(
+        default="process",
+        description="process: each loaded model runs in an engine process of its own, so "
+        "a native crash costs only that model's requests; in-process: in the server's own "
+        "process, for debugging and profiling.",
+    )
+    engine_crash_limit: int = Field(
+        default=3,
+        ge=0,
+        description="Engine crashes of one model within --engine-crash-window after which "
+        "it is refused (FAILED_PRECONDITION) until the oldest leaves the window; 0: never.",
+    )
+    engine_crash_window: float = Field(
+        default=600.0,
+        gt=0,
+        description="Seconds over which --engine-crash-limit counts a model's crashes.",
+    )
     grace_period: float = Field(
         default=10.0,
         ge=0,
@@ -364,7 +382,7 @@ def read_models_file(path: Path) -> dict[str, ModelConfig]:
     return {str(name): ModelConfig.model_validate(entry) for name, entry in entries.items()}
 
 
-_CHOICES = ("log_format", "log_level", "flash_attention", "kv_layout")
+_CHOICES = ("log_format", "log_level", "flash_attention", "kv_layout", "engine_mode")
 
 
 def _flag(name: str) -> str:

@@ -11,7 +11,7 @@ import json
 import math
 import random
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 from inference.v1 import inference_pb2 as pb
@@ -263,14 +263,26 @@ class GenerationRequest:
     # Alternatives to report per token; 0 when none (or logprobs is off).
     top_logprobs: int = 0
 
+    # The message it came from, kept so an engine process can be sent it as is.
+    message: pb.GenerateRequest | None = field(default=None, compare=False, repr=False)
+
     @classmethod
     def from_pb(
         cls, msg: pb.GenerateRequest, limits: GenerationLimits | None = None
     ) -> GenerationRequest:
+        grammar = msg.grammar if msg.HasField("grammar") else None
+        return cls.from_checked_pb(msg, _grammar(grammar, msg.response_format.json_schema), limits)
+
+    @classmethod
+    def from_checked_pb(
+        cls, msg: pb.GenerateRequest, grammar: Grammar | None, limits: GenerationLimits | None
+    ) -> GenerationRequest:
+        """`from_pb` with the grammar already compiled from `msg` and checked (an engine
+        process gets it so from the front, which did the work)."""
+
         def optional(name: str) -> float | int | None:
             return getattr(msg, name) if msg.HasField(name) else None
 
-        grammar = msg.grammar if msg.HasField("grammar") else None
         request = cls(
             model=msg.model,
             prompt=msg.prompt or None,
@@ -286,9 +298,10 @@ class GenerationRequest:
                 seed=msg.seed if msg.HasField("seed") else None,
             ),
             tools=tuple(Tool.from_pb(tool) for tool in msg.tools),
-            grammar=_grammar(grammar, msg.response_format.json_schema),
+            grammar=grammar,
             logprobs=msg.logprobs,
             top_logprobs=msg.top_logprobs,
+            message=msg,
         )
         if msg.HasField("top_logprobs") and msg.top_logprobs and not msg.logprobs:
             raise InvalidRequest("top_logprobs needs logprobs to be set")

@@ -3,29 +3,26 @@
 The model decides the backend, never a switch: a model the operator mapped to
 the external command, or one of that command's built-in names, runs there;
 anything else is resolved like a text model and must be a diffusers pipeline,
-which runs in process, on its worker thread, from the shared pool.
+which runs in its engine, from the shared pool.
 """
 
 from __future__ import annotations
 
 import asyncio
-import threading
 import time
 import uuid
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from pathlib import Path
 
 import structlog
 
 from service.admission import Capability, Decision
-from service.backends.failure import RELOADING, library_failure
 from service.config import Settings
-from service.errors import NotSupported, ServiceError
-from service.images.backend import GenerationCancelled, ImageBackend, ProgressCallback
+from service.errors import NotSupported
 from service.images.external import BACKEND_NAME as EXTERNAL
 from service.images.external import CommandResolver, ExternalRoute, run_external
 from service.images.generation import ImageDone, ImageEvent, ImageRequest, ImageStep, RenderedImage
-from service.models.pool import LoadedModel, ModelPool
+from service.models.pool import ModelPool
 
 log = structlog.get_logger("images")
 
@@ -92,24 +89,9 @@ class ImageGenerator:
         self, request: ImageRequest, started: float
     ) -> AsyncIterator[ImageStep | _Rendered]:
         async with self._pool.use(request.model, Capability.IMAGE) as model:
-            backend = model.image
-
-            def work(emit: Callable[[object], None], cancelled: threading.Event) -> None:
-                model.ensure_usable()
-
-                def on_step(step: int, total: int) -> None:
-                    emit(ImageStep(step, total, (time.monotonic() - started) * 1000))
-
-                try:
-                    emit(_render(model, backend, request, on_step, cancelled))
-                except GenerationCancelled:
-                    return  # the client went away; nobody is listening
-
-            async for item in model.worker.run_emitting(work):
-                if isinstance(item, RenderedImage):
-                    yield item, backend.name
-                elif isinstance(item, ImageStep):
-                    yield item
+            engine = model.require(Capability.IMAGE)
+            async for item in engine.generate_image(request, started):
+                yield (item, engine.info.backend) if isinstance(item, RenderedImage) else item
 
     def _save(self, image: RenderedImage, request: ImageRequest) -> None:
         """Keep a copy under --image-output-dir, if set. Blocking: run it off the loop."""
@@ -122,22 +104,3 @@ class ImageGenerator:
             (directory / name).write_bytes(image.png)
         except OSError as exc:  # the image still reaches the client
             log.warning("could not save image", path=str(directory / name), error=str(exc))
-
-
-def _render(
-    model: LoadedModel,
-    backend: ImageBackend,
-    request: ImageRequest,
-    on_step: ProgressCallback,
-    cancelled: threading.Event,
-) -> RenderedImage:
-    """The backend's image, on the model's worker thread. The library failing mid-
-    pipeline leaves the model in an unknown state: it is discarded."""
-    try:
-        return backend.generate(request, on_step, cancelled)
-    except (ServiceError, GenerationCancelled):
-        raise
-    except Exception as exc:
-        failure = library_failure(f"model {model.name!r} failed while generating", exc, RELOADING)
-        model.report_failure(failure.message)
-        raise failure from exc

@@ -4,16 +4,23 @@ from __future__ import annotations
 
 import logging
 import sys
+from typing import TYPE_CHECKING
 
 import structlog
 
-from service.config import Settings
+if TYPE_CHECKING:
+    from service.config import Settings
 
 
 def configure_logging(settings: Settings) -> None:
     as_json = settings.log_format == "json" or (
         settings.log_format == "auto" and not sys.stderr.isatty()
     )
+    configure(as_json=as_json, level=settings.log_level)
+
+
+def configure(*, as_json: bool, level: str) -> None:
+    """Log lines to stderr, as JSON or for a console, from `level` up."""
     renderer: structlog.typing.Processor = (
         structlog.processors.JSONRenderer() if as_json else structlog.dev.ConsoleRenderer()
     )
@@ -26,7 +33,7 @@ def configure_logging(settings: Settings) -> None:
             renderer,
         ],
         wrapper_class=structlog.make_filtering_bound_logger(
-            logging.getLevelNamesMapping()[settings.log_level.upper()]
+            logging.getLevelNamesMapping()[level.upper()]
         ),
         logger_factory=structlog.PrintLoggerFactory(file=sys.stderr),
         cache_logger_on_first_use=True,

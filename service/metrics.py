@@ -21,9 +21,9 @@ from prometheus_client.core import (
 )
 from prometheus_client.registry import Collector
 
-from service.generation import Finished
+from inference.v1 import inference_pb2 as pb
 from service.images.generation import ImageDone
-from service.models.pool import ModelPool
+from service.models.pool import LoadedModel, ModelPool
 from service.overload import ConcurrencyGate
 
 _TOKEN_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.02, 0.05, 0.1, 0.25, 0.5, 1.0)
@@ -83,7 +83,7 @@ class Metrics:
             return model
         return ""
 
-    def generation(self, finished: Finished, model: str) -> None:
+    def generation(self, finished: pb.GenerationFinished, model: str) -> None:
         usage = finished.usage
         timing = finished.timing
         self.ttft.labels(model).observe(timing.ttft_ms / 1000)
@@ -123,7 +123,7 @@ class _PoolCollector(Collector):
         )
         models = pool.loaded()
         for model in models:
-            loaded.add_metric([model.name, model.backend.name], model.memory_bytes)
+            loaded.add_metric([model.name, model.backend_name], model.memory_bytes)
         yield loaded
         yield GaugeMetricFamily("inference_models_loaded", "Models loaded now.", len(models))
         yield GaugeMetricFamily(
@@ -145,6 +145,30 @@ class _PoolCollector(Collector):
             "inference_model_evictions", "Models unloaded to make room or after idling.",
             Tally(pool.stats.evictions),
         )  # fmt: skip
+        yield _counter(
+            "inference_engine_crashes", "Engine processes that died unasked, by model.",
+            Tally(pool.stats.crashes),
+        )  # fmt: skip
+        yield from _engine_memory(models)
+
+
+def _engine_memory(models: list[LoadedModel]) -> Iterator[Metric]:
+    """What each model's engine process holds, measured (in-process engines: none)."""
+    rss = GaugeMetricFamily(
+        "inference_engine_rss_bytes", "Resident memory of each model's engine process.",
+        labels=["model"],
+    )  # fmt: skip
+    gpu = GaugeMetricFamily(
+        "inference_engine_gpu_memory_bytes", "GPU memory of each model's engine process.",
+        labels=["model"],
+    )  # fmt: skip
+    for model in models:
+        measured = model.engine.memory()
+        if measured is not None:
+            rss.add_metric([model.name], measured.rss_bytes)
+            gpu.add_metric([model.name], measured.gpu_bytes)
+    yield rss
+    yield gpu
 
 
 class _GateCollector(Collector):

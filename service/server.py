@@ -22,8 +22,8 @@ from grpc_reflection.v1alpha import reflection
 from inference.v1 import inference_pb2 as pb
 from service.admission import Capability, Decision, decide
 from service.auth import BearerAuth
-from service.backends import load_backend
 from service.config import Settings, load_settings
+from service.engine.start import engine_starter
 from service.generation import GenerationLimits
 from service.image_generation import ImageGenerator
 from service.images.external import CommandResolver
@@ -57,12 +57,14 @@ def build_pool(settings: Settings) -> ModelPool:
         keep_alive=settings.keep_alive,
         load_wait=settings.load_wait,
         max_waiting_sequences=settings.max_waiting_sequences,
+        crash_limit=settings.engine_crash_limit,
+        crash_window=settings.engine_crash_window,
     )
 
     def admit(source: ModelSource, capability: Capability) -> Decision:
         return decide(source, capability, offline=settings.hf_offline)
 
-    return ModelPool(Catalog(settings, resolver), admit, load_backend, limits)
+    return ModelPool(Catalog(settings, resolver), admit, engine_starter(settings), limits)
 
 
 class InferenceServer:
@@ -71,11 +73,15 @@ class InferenceServer:
     def __init__(self, settings: Settings) -> None:
         self.settings = settings
         self.pool = build_pool(settings)
+        self.pool.on_engine_exit = self._engine_exited
+        self.pool.on_loaded = self._model_loaded
         # grpc-stubs predates health.aio, hence the ignore.
         self.health = health.aio.HealthServicer()  # type: ignore[attr-defined]
         self._server = grpc.aio.server(options=server_options(settings))
         self._health_server: grpc.aio.Server | None = None
         self._warm_task: asyncio.Task[None] | None = None
+        self._stopping = False
+        self._health_updates: set[asyncio.Task[None]] = set()
         self.metrics_port: int | None = None
         self.health_port: int | None = None
         commands = CommandResolver(settings.image_command, settings.image_command_managed)
@@ -88,7 +94,7 @@ class InferenceServer:
         token = settings.auth_token
         servicer = InferenceServicer(
             self.pool,
-            TextGenerator(self.pool, settings),
+            TextGenerator(self.pool),
             ImageGenerator(self.pool, settings, commands),
             limits,
             gate=self.gate,
@@ -130,6 +136,7 @@ class InferenceServer:
 
     async def stop(self, grace: float | None = None) -> None:
         """Refuse new RPCs, let in-flight ones finish within `grace`, free models."""
+        self._stopping = True
         await self.health.enter_graceful_shutdown()
         if self._warm_task is not None:
             self._warm_task.cancel()
@@ -156,10 +163,25 @@ class InferenceServer:
         try:
             await self.pool.get(name)
         except Exception:
-            log.exception("default model failed to load; health stays NOT_SERVING", model=name)
+            log.exception("default model failed to load; health is NOT_SERVING", model=name)
+            await self._set_health(health_pb2.HealthCheckResponse.NOT_SERVING)
             return
         await self._set_health(health_pb2.HealthCheckResponse.SERVING)
         log.info("default model loaded", model=name)
+
+    def _model_loaded(self, model: str) -> None:
+        """The default model loaded (at start, after a crash, or by a request after a
+        failed reload): the server serves."""
+        if model == self.settings.default_model and not self._stopping:
+            task = asyncio.create_task(self._set_health(health_pb2.HealthCheckResponse.SERVING))
+            self._health_updates.add(task)
+            task.add_done_callback(self._health_updates.discard)
+
+    def _engine_exited(self, model: str) -> None:
+        """An engine died. Health stays SERVING, unless it was the default model's and
+        it cannot be loaded again: reload that one now rather than at the next request."""
+        if model == self.settings.default_model and not self._stopping:
+            self._warm_task = asyncio.create_task(self._warm_default_model())
 
     async def _set_health(self, status: health_pb2.HealthCheckResponse.ServingStatus) -> None:
         for service in ("", INFERENCE_SERVICE):

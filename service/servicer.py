@@ -12,7 +12,7 @@ from service.admission import Capability, Decision
 from service.admission.report import AdmissionReport
 from service.auth import BearerAuth
 from service.errors import InvalidRequest
-from service.generation import Finished, GenerationLimits, GenerationRequest, Started
+from service.generation import FinishReason, GenerationLimits, GenerationRequest
 from service.image_generation import ImageGenerator
 from service.images.generation import ImageDone, ImageLimits, ImageRequest
 from service.limits import RequestLimits
@@ -68,11 +68,15 @@ class InferenceServicer(pb_grpc.InferenceServicer):
         )
         summary["model"] = generation.model or self._pool.catalog.default_model
         async with self._gate.slot():
-            async for event in self._text.generate(generation, received_at=received_at):
-                _summarize(event, summary)
-                if isinstance(event, Finished) and self.metrics is not None:
-                    self.metrics.generation(event, summary["model"])
-                yield event.to_pb()
+            async for response in self._text.generate(generation, received_at=received_at):
+                kind = response.WhichOneof("event")
+                if kind == "started":
+                    _summarize_start(response.started, summary)
+                elif kind == "finished":
+                    _summarize_end(response.finished, summary)
+                    if self.metrics is not None:
+                        self.metrics.generation(response.finished, summary["model"])
+                yield response
 
     @unary_rpc
     async def ListModels(
@@ -124,7 +128,8 @@ class InferenceServicer(pb_grpc.InferenceServicer):
 
     def _report(self, decision: Decision, need: MemoryNeed, name: str) -> AdmissionReport:
         pool = self._pool
-        loaded = any(model.name == name for model in pool.loaded())
+        model = next((model for model in pool.loaded() if model.name == name), None)
+        loaded = model is not None
         plan = pool.plan(0, name) if loaded else pool.plan(need.host_bytes, name, need.device_bytes)
         return AdmissionReport(
             decision=decision,
@@ -134,6 +139,7 @@ class InferenceServicer(pb_grpc.InferenceServicer):
             used_bytes=pool.used_bytes(),
             used_device_bytes=pool.used_device_bytes(),
             loaded=loaded,
+            measured=None if model is None else model.engine.memory(),
         )
 
 
@@ -157,21 +163,29 @@ def _model_info(spec: ModelSpec, model: LoadedModel | None, default: str) -> pb.
         loaded=model is not None,
     )
     if model is not None:
-        info.backend = model.backend.name
+        engine = model.engine
+        info.backend = engine.info.backend
         info.memory_bytes = model.memory_bytes
         info.last_used_unix_ms = int(model.last_used * 1000)
-        if model.capability is Capability.TEXT:
-            info.context_length = model.text.context_length
+        info.context_length = engine.info.context_length
+        info.engine_pid = engine.pid or 0
+        measured = engine.memory()
+        if measured is not None:
+            info.rss_bytes = measured.rss_bytes
+            info.gpu_memory_bytes = measured.gpu_bytes
     return info
 
 
-def _summarize(event: object, summary: Summary) -> None:
-    if isinstance(event, Started):
-        summary.update(model=event.model, backend=event.backend, prompt_tokens=event.prompt_tokens)
-    elif isinstance(event, Finished):
-        summary.update(
-            completion_tokens=event.usage.completion_tokens,
-            cached_prompt_tokens=event.usage.cached_prompt_tokens,
-            ttft_ms=round(event.timing.ttft_ms, 1),
-            finish_reason=event.finish_reason.label,
-        )
+def _summarize_start(started: pb.GenerationStarted, summary: Summary) -> None:
+    summary.update(
+        model=started.model, backend=started.backend, prompt_tokens=started.prompt_tokens
+    )
+
+
+def _summarize_end(finished: pb.GenerationFinished, summary: Summary) -> None:
+    summary.update(
+        completion_tokens=finished.usage.completion_tokens,
+        cached_prompt_tokens=finished.usage.cached_prompt_tokens,
+        ttft_ms=round(finished.timing.ttft_ms, 1),
+        finish_reason=FinishReason(finished.finish_reason).label,
+    )

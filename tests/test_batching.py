@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import threading
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -133,14 +134,13 @@ def test_a_newcomer_streams_while_a_long_generation_runs(
 ) -> None:
     running, stub = batching
     (model,) = running.server.pool.loaded()
-    assert model.scheduler is not None
     long_call = stub.Generate(greedy("Count: 1, 2, 3,", max_tokens=400))
     next(long_call)  # started
     next(long_call)  # its first token: it is decoding now
     newcomer = collect(stub.Generate(greedy("Hello", max_tokens=3)))
     # Served one after another, the newcomer would start only once the long one
     # ended; batched, it ends ~390 tokens before the long one does.
-    long_still_running = model.scheduler.running
+    long_still_running = model.engine.running
     rest = list(long_call)
     assert finished_of(newcomer).usage.completion_tokens == 3
     assert long_still_running == 1
@@ -186,14 +186,13 @@ def test_beyond_the_waiting_bound_requests_are_refused_at_once() -> None:
     settings = make_settings(parallel_sequences=1, max_waiting_sequences=0)
     with serving(settings) as (running, stub):
         (model,) = running.server.pool.loaded()
-        assert model.scheduler is not None
         occupying = stub.Generate(greedy("Count: 1, 2, 3,", max_tokens=400))
         next(occupying)
         next(occupying)  # decoding: the model's one place is taken
         with pytest.raises(grpc.RpcError) as caught:
             collect(stub.Generate(greedy("Hello", max_tokens=2)))
         # At once: refused while the one ahead still ran, not after it ended.
-        assert model.scheduler.running == 1
+        assert model.engine.running == 1
         assert caught.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
         assert "retry" in (caught.value.details() or "")
         occupying.cancel()
@@ -212,11 +211,12 @@ def test_stopping_the_server_mid_stream_ends_the_stream_and_closes_the_model() -
     stream = stub.Generate(greedy("Count: 1, 2, 3,", max_tokens=400))
     next(stream)
     next(stream)  # decoding
-    model = running.server.pool.loaded()[0]
+    engine = running.server.pool.loaded()[0].engine
     running.stop()
     with pytest.raises(grpc.RpcError) as caught:
         list(stream)
     assert caught.value.code() in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.CANCELLED)
-    assert model.scheduler is not None
-    assert not model.scheduler.step()  # nothing left to step on the closed backend
+    assert engine.pid is not None
+    with pytest.raises(ProcessLookupError):  # the engine freed its model and exited
+        os.kill(engine.pid, 0)
     channel.close()

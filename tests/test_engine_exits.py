@@ -75,14 +75,22 @@ def test_oom_kill_count_walks_up_to_a_parent(tmp_path: Path) -> None:
 
 def test_oom_kill_count_none_without_memory_events(tmp_path: Path) -> None:
     root, proc = _fake_cgroup(tmp_path, "/app.slice/svc", None)
-    assert oom_kill_count(root, proc) is None
+    assert oom_kill_count(root, proc, tmp_path / "no-vmstat") is None
 
 
 def test_oom_kill_count_none_without_cgroup_v2(tmp_path: Path) -> None:
     proc = tmp_path / "proc_cgroup"
     proc.write_text("4:memory:/x\n1:cpu:/\n")
-    assert oom_kill_count(tmp_path, proc) is None
-    assert oom_kill_count(tmp_path, tmp_path / "missing") is None
+    no_vmstat = tmp_path / "no-vmstat"
+    assert oom_kill_count(tmp_path, proc, no_vmstat) is None
+    assert oom_kill_count(tmp_path, tmp_path / "missing", no_vmstat) is None
+
+
+def test_without_a_cgroup_counter_the_machine_count_is_used(tmp_path: Path) -> None:
+    root, proc = _fake_cgroup(tmp_path, "/", None)
+    vmstat = tmp_path / "vmstat"
+    vmstat.write_text("pgfault 100\noom_kill 7\n")
+    assert oom_kill_count(root, proc, vmstat) == 7
 
 
 def test_output_tail_keeps_the_last_lines_cut_short() -> None:

@@ -84,7 +84,7 @@ def pool_with(limits: PoolLimits, *models: tuple[str, int, int, int]) -> ModelPo
     pool = ModelPool(cast(Any, None), cast(Any, None), cast(Any, None), limits)
     for name, host, device, active in models:
         spec = ModelSpec(name, "", cast(Any, None), context_size=1, threads=1)
-        model = LoadedModel(spec, cast(Any, None), cast(Any, None), host, Capability.TEXT, device)
+        model = LoadedModel(spec, cast(Any, None), host, Capability.TEXT, device)
         model.active_requests = active
         pool._loaded[name] = model
     return pool

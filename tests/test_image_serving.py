@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import io
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any, cast
 
 import grpc
@@ -14,17 +15,22 @@ from PIL import Image
 from inference.v1 import inference_pb2 as pb
 from inference.v1 import inference_pb2_grpc as pb_grpc
 from service.backends.diffusers_pipeline import DiffusersBackend
+from service.engine.local import LocalEngine
+from service.models.pool import LoadedModel, ModelPool
 from tests.conftest import GEMMA, RunningServer, collect, make_settings, serving
 from tests.tiny_pipeline import build_tiny_sd_pipeline
 
 
 @pytest.fixture(scope="module")
-def image_server(
-    tmp_path_factory: pytest.TempPathFactory,
-) -> Iterator[tuple[RunningServer, pb_grpc.InferenceStub]]:
+def image_models(tmp_path_factory: pytest.TempPathFactory) -> Path:
     models = tmp_path_factory.mktemp("image-models")
     build_tiny_sd_pipeline(models / "tiny-sd")
-    with serving(make_settings(models_dir=[models], image_max_steps=10)) as running:
+    return models
+
+
+@pytest.fixture(scope="module")
+def image_server(image_models: Path) -> Iterator[tuple[RunningServer, pb_grpc.InferenceStub]]:
+    with serving(make_settings(models_dir=[image_models], image_max_steps=10)) as running:
         yield running
 
 
@@ -115,17 +121,24 @@ def test_cancelling_mid_denoise_leaves_the_pipeline_usable(stub: pb_grpc.Inferen
     assert stub.Admit(pb.AdmitRequest(model="tiny-sd", capability=pb.CAPABILITY_IMAGE)).loaded
 
 
-def test_a_pipeline_that_fails_mid_denoise_is_discarded_and_reloaded(
-    image_server: tuple[RunningServer, pb_grpc.InferenceStub],
-) -> None:
-    running, stub = image_server
-    pool = running.server.pool
-    render(stub)
-    loads = pool.stats.loads["tiny-sd"]
-    (broken,) = [m for m in pool.loaded() if m.name == "tiny-sd"]
-    pipeline = cast(DiffusersBackend, broken.backend)._pipeline
-    assert pipeline is not None
+def test_a_pipeline_that_fails_mid_denoise_is_discarded_and_reloaded(image_models: Path) -> None:
+    # In process, so that the test can reach into the pipeline; an engine
+    # process runs the same code (service.engine.core).
+    settings = make_settings(models_dir=[image_models], engine_mode="in-process")
+    with serving(settings) as (running, stub):
+        pool = running.server.pool
+        render(stub)
+        loads = pool.stats.loads["tiny-sd"]
+        (broken,) = [m for m in pool.loaded() if m.name == "tiny-sd"]
+        backend = cast(LocalEngine, broken.engine).core.backend
+        pipeline = cast(DiffusersBackend, backend)._pipeline
+        assert pipeline is not None
+        _fail_mid_denoise(pipeline, stub, broken, pool, loads)
 
+
+def _fail_mid_denoise(
+    pipeline: Any, stub: pb_grpc.InferenceStub, broken: LoadedModel, pool: ModelPool, loads: int
+) -> None:
     def failing(module: torch.nn.Module, inputs: Any) -> None:
         raise RuntimeError("CUDA error: an illegal memory access was encountered")
 

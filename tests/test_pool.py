@@ -15,18 +15,20 @@ import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import grpc
 import pytest
 
 from inference.v1 import inference_pb2 as pb
 from inference.v1 import inference_pb2_grpc as pb_grpc
-from service import rpc, text_generation
+from service import rpc
 from service.admission import Capability, decide
 from service.backends.llama_cpp import LlamaCppBackend
 from service.config import ModelConfig, Settings
 from service.decode.loop import SequenceDecoder
+from service.engine import core
+from service.engine.local import LocalEngine
 from service.models.embedded import EMBEDDED_MODELS
 from service.models.pool import ModelPool
 from service.models.sources import ModelSource
@@ -286,23 +288,42 @@ def test_the_keep_alive_never_unloads_a_model_in_use(needs: dict[str, int]) -> N
 
 
 def test_a_backend_that_fails_mid_forward_is_discarded_and_reloaded(
-    budget_server: RunningServer, stub: pb_grpc.InferenceStub
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    pool = budget_server.server.pool
-    generate(stub, SMOLLM)
-    (broken,) = [m for m in pool.loaded() if m.name == SMOLLM]
-    assert isinstance(broken.backend, LlamaCppBackend)
-    broken.backend.inject_fault(after_tokens=2)
-    with pytest.raises(grpc.RpcError) as caught:
-        generate(stub, SMOLLM, max_tokens=10)
-    assert caught.value.code() == grpc.StatusCode.INTERNAL
-    assert "failed while generating" in (caught.value.details() or "")
-    assert "loads it afresh" in (caught.value.details() or "")
-    assert broken.broken
-    assert generate(stub, SMOLLM).usage.completion_tokens == 2
-    assert pool.stats.loads[SMOLLM] == 2
-    (fresh,) = [m for m in pool.loaded() if m.name == SMOLLM]
-    assert fresh is not broken
+    # In process, so that the test can make llama.cpp's step fail as a crashed
+    # forward pass would; an engine process runs the same code.
+    with serving(make_settings(engine_mode="in-process")) as (running, stub):
+        pool = running.server.pool
+        generate(stub, SMOLLM)
+        (broken,) = [m for m in pool.loaded() if m.name == SMOLLM]
+        backend = cast(LocalEngine, broken.engine).core.backend
+        assert isinstance(backend, LlamaCppBackend)
+        monkeypatch.setattr(backend, "step", failing_after(backend.step, tokens=2))
+        with pytest.raises(grpc.RpcError) as caught:
+            generate(stub, SMOLLM, max_tokens=10)
+        assert caught.value.code() == grpc.StatusCode.INTERNAL
+        assert "failed while generating" in (caught.value.details() or "")
+        assert "loads it afresh" in (caught.value.details() or "")
+        assert broken.broken
+        assert generate(stub, SMOLLM).usage.completion_tokens == 2
+        assert pool.stats.loads[SMOLLM] == 2
+        (fresh,) = [m for m in pool.loaded() if m.name == SMOLLM]
+        assert fresh is not broken
+
+
+def failing_after(step: Callable[..., list[Any]], tokens: int) -> Callable[..., list[Any]]:
+    """`step`, raising as llama.cpp's forward pass would once `tokens` were sampled."""
+    sampled = 0
+
+    def failing(*args: Any) -> list[Any]:
+        nonlocal sampled
+        if sampled >= tokens:
+            raise RuntimeError("llama_decode returned -3")
+        result = step(*args)
+        sampled += sum(1 for entry in result if entry is not None)
+        return result
+
+    return failing
 
 
 class ErrorLog:
@@ -324,18 +345,20 @@ class ErrorLog:
 @pytest.mark.parametrize(
     "target",
     [
-        (text_generation, "fit_max_tokens"),  # preparing, on the worker
+        (core, "fit_max_tokens"),  # preparing, on the worker
         (SequenceDecoder, "push"),  # decoding, inside a scheduler step
     ],
     ids=["preparing", "decoding"],
 )
 def test_a_bug_of_ours_is_internal_and_leaves_the_model_loaded(
-    budget_server: RunningServer,
-    stub: pb_grpc.InferenceStub,
+    in_process: tuple[RunningServer, pb_grpc.InferenceStub],
     monkeypatch: pytest.MonkeyPatch,
     target: tuple[Any, str],
 ) -> None:
-    pool = budget_server.server.pool
+    # In process, so that the test can plant the bug; an engine process runs the
+    # same code, and sends the error back for the front to answer (see wire.py).
+    running, stub = in_process
+    pool = running.server.pool
     generate(stub, SMOLLM)
     (model,) = [m for m in pool.loaded() if m.name == SMOLLM]
     errors = ErrorLog()
@@ -356,3 +379,9 @@ def test_a_bug_of_ours_is_internal_and_leaves_the_model_loaded(
     assert generate(stub, SMOLLM).usage.completion_tokens == 2
     assert [m for m in pool.loaded() if m.name == SMOLLM] == [model]
     assert pool.stats.loads[SMOLLM] == 1
+
+
+@pytest.fixture(scope="module")
+def in_process() -> Iterator[tuple[RunningServer, pb_grpc.InferenceStub]]:
+    with serving(make_settings(engine_mode="in-process")) as server_and_stub:
+        yield server_and_stub

@@ -38,7 +38,7 @@ def wait_behind_a_stream(
     Returns how long the client saw `second` wait for the slot, and its result.
     """
     gate = running.server.gate
-    first = stub.Generate(greedy("Count: 1, 2, 3,", max_tokens=64))
+    first = stub.Generate(greedy("Count: 1, 2, 3,", max_tokens=256))
     next(first)  # started: it holds the server's one slot
     with ThreadPoolExecutor(1) as client:
         result = client.submit(second)

@@ -8,7 +8,7 @@ from collections.abc import Callable
 
 import pytest
 
-from service.models.worker import Channel, ModelWorker
+from service.worker import Channel, ModelWorker
 
 
 async def drain(channel: Channel[int], into: list[int]) -> None:

@@ -241,7 +241,7 @@ class Quantization(_message.Message):
     def __init__(self, scheme: _Optional[_Union[QuantizationScheme, str]] = ..., method: _Optional[str] = ..., bits: _Optional[int] = ..., group_size: _Optional[int] = ...) -> None: ...
 
 class MemoryEstimate(_message.Message):
-    __slots__ = ("weights_bytes", "kv_cache_bytes", "total_bytes", "budget_bytes", "free_bytes", "fits", "would_evict", "host_bytes", "device_bytes", "device_budget_bytes", "device_free_bytes", "parked_bytes")
+    __slots__ = ("weights_bytes", "kv_cache_bytes", "total_bytes", "budget_bytes", "free_bytes", "fits", "would_evict", "host_bytes", "device_bytes", "device_budget_bytes", "device_free_bytes", "parked_bytes", "measured_rss_bytes", "measured_gpu_bytes")
     WEIGHTS_BYTES_FIELD_NUMBER: _ClassVar[int]
     KV_CACHE_BYTES_FIELD_NUMBER: _ClassVar[int]
     TOTAL_BYTES_FIELD_NUMBER: _ClassVar[int]
@@ -254,6 +254,8 @@ class MemoryEstimate(_message.Message):
     DEVICE_BUDGET_BYTES_FIELD_NUMBER: _ClassVar[int]
     DEVICE_FREE_BYTES_FIELD_NUMBER: _ClassVar[int]
     PARKED_BYTES_FIELD_NUMBER: _ClassVar[int]
+    MEASURED_RSS_BYTES_FIELD_NUMBER: _ClassVar[int]
+    MEASURED_GPU_BYTES_FIELD_NUMBER: _ClassVar[int]
     weights_bytes: int
     kv_cache_bytes: int
     total_bytes: int
@@ -266,7 +268,9 @@ class MemoryEstimate(_message.Message):
     device_budget_bytes: int
     device_free_bytes: int
     parked_bytes: int
-    def __init__(self, weights_bytes: _Optional[int] = ..., kv_cache_bytes: _Optional[int] = ..., total_bytes: _Optional[int] = ..., budget_bytes: _Optional[int] = ..., free_bytes: _Optional[int] = ..., fits: _Optional[bool] = ..., would_evict: _Optional[_Iterable[str]] = ..., host_bytes: _Optional[int] = ..., device_bytes: _Optional[int] = ..., device_budget_bytes: _Optional[int] = ..., device_free_bytes: _Optional[int] = ..., parked_bytes: _Optional[int] = ...) -> None: ...
+    measured_rss_bytes: int
+    measured_gpu_bytes: int
+    def __init__(self, weights_bytes: _Optional[int] = ..., kv_cache_bytes: _Optional[int] = ..., total_bytes: _Optional[int] = ..., budget_bytes: _Optional[int] = ..., free_bytes: _Optional[int] = ..., fits: _Optional[bool] = ..., would_evict: _Optional[_Iterable[str]] = ..., host_bytes: _Optional[int] = ..., device_bytes: _Optional[int] = ..., device_budget_bytes: _Optional[int] = ..., device_free_bytes: _Optional[int] = ..., parked_bytes: _Optional[int] = ..., measured_rss_bytes: _Optional[int] = ..., measured_gpu_bytes: _Optional[int] = ...) -> None: ...
 
 class AdmitResponse(_message.Message):
     __slots__ = ("admitted", "reason", "backend", "architecture", "quantization", "memory", "loaded", "available_locally")
@@ -351,7 +355,7 @@ class ListModelsRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class ModelInfo(_message.Message):
-    __slots__ = ("name", "source", "backend", "capabilities", "is_default", "loaded", "memory_bytes", "last_used_unix_ms", "context_length")
+    __slots__ = ("name", "source", "backend", "capabilities", "is_default", "loaded", "memory_bytes", "last_used_unix_ms", "context_length", "engine_pid", "rss_bytes", "gpu_memory_bytes")
     NAME_FIELD_NUMBER: _ClassVar[int]
     SOURCE_FIELD_NUMBER: _ClassVar[int]
     BACKEND_FIELD_NUMBER: _ClassVar[int]
@@ -361,6 +365,9 @@ class ModelInfo(_message.Message):
     MEMORY_BYTES_FIELD_NUMBER: _ClassVar[int]
     LAST_USED_UNIX_MS_FIELD_NUMBER: _ClassVar[int]
     CONTEXT_LENGTH_FIELD_NUMBER: _ClassVar[int]
+    ENGINE_PID_FIELD_NUMBER: _ClassVar[int]
+    RSS_BYTES_FIELD_NUMBER: _ClassVar[int]
+    GPU_MEMORY_BYTES_FIELD_NUMBER: _ClassVar[int]
     name: str
     source: str
     backend: str
@@ -370,7 +377,10 @@ class ModelInfo(_message.Message):
     memory_bytes: int
     last_used_unix_ms: int
     context_length: int
-    def __init__(self, name: _Optional[str] = ..., source: _Optional[str] = ..., backend: _Optional[str] = ..., capabilities: _Optional[_Iterable[_Union[Capability, str]]] = ..., is_default: _Optional[bool] = ..., loaded: _Optional[bool] = ..., memory_bytes: _Optional[int] = ..., last_used_unix_ms: _Optional[int] = ..., context_length: _Optional[int] = ...) -> None: ...
+    engine_pid: int
+    rss_bytes: int
+    gpu_memory_bytes: int
+    def __init__(self, name: _Optional[str] = ..., source: _Optional[str] = ..., backend: _Optional[str] = ..., capabilities: _Optional[_Iterable[_Union[Capability, str]]] = ..., is_default: _Optional[bool] = ..., loaded: _Optional[bool] = ..., memory_bytes: _Optional[int] = ..., last_used_unix_ms: _Optional[int] = ..., context_length: _Optional[int] = ..., engine_pid: _Optional[int] = ..., rss_bytes: _Optional[int] = ..., gpu_memory_bytes: _Optional[int] = ...) -> None: ...
 
 class ListModelsResponse(_message.Message):
     __slots__ = ("models", "default_model")

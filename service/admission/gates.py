@@ -27,11 +27,10 @@ from typing import Any
 from service.admission.describe import ModelDescription
 from service.admission.ggml_types import type_problem
 from service.admission.quantization import QuantScheme
+from service.backends.names import DIFFUSERS, LLAMA_CPP, MLX_LM
 from service.errors import excerpt
 
-LLAMA_CPP = "llama.cpp"
-MLX_LM = "mlx-lm"
-DIFFUSERS = "diffusers"
+__all__ = ["DIFFUSERS", "LLAMA_CPP", "MLX_LM"]
 
 
 # --- llama.cpp --------------------------------------------------------------------------

@@ -6,6 +6,7 @@ from dataclasses import dataclass
 
 from inference.v1 import inference_pb2 as pb
 from service.admission import Decision
+from service.engine.base import MeasuredMemory
 from service.models.memory import MemoryNeed
 from service.models.pool import Plan, PoolLimits, too_big
 
@@ -19,6 +20,8 @@ class AdmissionReport:
     used_bytes: int
     used_device_bytes: int
     loaded: bool
+    # What the loaded model's engine holds, measured; None when not loaded or not apart.
+    measured: MeasuredMemory | None = None
 
     @property
     def admitted(self) -> bool:
@@ -45,6 +48,9 @@ class AdmissionReport:
             host_bytes=self.need.host_bytes,
             device_bytes=self.need.device_bytes,
         )
+        if self.measured is not None:
+            memory.measured_rss_bytes = self.measured.rss_bytes
+            memory.measured_gpu_bytes = self.measured.gpu_bytes
         if device_budget is not None:
             memory.device_budget_bytes = device_budget
             memory.device_free_bytes = max(device_budget - self.used_device_bytes, 0)

@@ -2,42 +2,41 @@
 
 from __future__ import annotations
 
-from service.admission.gates import DIFFUSERS, LLAMA_CPP, MLX_LM
 from service.backends.base import TextBackend
+from service.backends.names import DIFFUSERS, LLAMA_CPP, MLX_LM
+from service.engine.options import EngineOptions
 from service.errors import NotSupported
 from service.images.backend import ImageBackend
-from service.models.catalog import ModelSpec
-from service.models.sources import ModelSource
 
 
-def load_backend(spec: ModelSpec, source: ModelSource, backend: str) -> TextBackend | ImageBackend:
-    """Load an admitted model with `backend`; runs on the model's worker thread.
+def load_backend(options: EngineOptions) -> TextBackend | ImageBackend:
+    """Load an admitted model with its backend; runs on the model's worker thread.
 
     Each library is imported here, on first use, so that the server starts
     without paying for libraries it may never need (torch takes seconds).
     """
-    if source.path is None:
-        raise NotSupported(f"model {spec.name!r} is not on local disk")
-    if backend == LLAMA_CPP:
+    if options.backend == LLAMA_CPP:
         from service.backends.llama_cpp import LlamaCppBackend, LlamaCppOptions
 
-        options = LlamaCppOptions(
-            context_size=spec.context_size,
-            threads=spec.threads,
-            gpu_layers=spec.gpu_layers,
-            main_gpu=spec.main_gpu,
-            flash_attention=spec.flash_attention,
-            max_sequences=spec.parallel_sequences,
-            cached_sequences=spec.cached_sequences,
-            kv_layout=spec.kv_layout,
+        llama_options = LlamaCppOptions(
+            context_size=options.context_size,
+            threads=options.threads,
+            gpu_layers=options.gpu_layers,
+            main_gpu=options.main_gpu,
+            flash_attention=options.flash_attention,
+            max_sequences=options.parallel_sequences,
+            cached_sequences=options.cached_sequences,
+            kv_layout=options.kv_layout,
         )
-        return LlamaCppBackend(source.path, options)
-    if backend == MLX_LM:
+        return LlamaCppBackend(options.path, llama_options)
+    if options.backend == MLX_LM:
         from service.backends.mlx_lm import MlxLmBackend, MlxLmOptions
 
-        return MlxLmBackend(source.path, MlxLmOptions(context_size=spec.context_size))
-    if backend == DIFFUSERS:
+        return MlxLmBackend(options.path, MlxLmOptions(context_size=options.context_size))
+    if options.backend == DIFFUSERS:
         from service.backends.diffusers_pipeline import DiffusersBackend, DiffusersOptions
 
-        return DiffusersBackend(source.path, DiffusersOptions(threads=spec.threads))
-    raise NotSupported(f"model {spec.name!r}: no backend named {backend!r} in this build")
+        return DiffusersBackend(options.path, DiffusersOptions(threads=options.threads))
+    raise NotSupported(
+        f"model {options.name!r}: no backend named {options.backend!r} in this build"
+    )

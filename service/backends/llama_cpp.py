@@ -36,7 +36,7 @@ from service.backends.kv_slots import Placement, Slot, SlotTable
 from service.backends.llama_batch import Batch, Chunk
 from service.backends.llama_sampling import SamplerChain, SamplingRefused
 from service.backends.logprobs import token_logprob
-from service.config import FlashAttention, KvLayout
+from service.engine.options import FlashAttention, KvLayout
 from service.errors import BackendFailure
 from service.generation import SamplingDefaults
 from service.models.memory import cells_per_sequence
@@ -166,7 +166,6 @@ class LlamaCppBackend:
         self._parked: dict[int, ctypes.Array[ctypes.c_uint8]] = {}
         self._piece_buffer = ctypes.create_string_buffer(256)
         self._closed = threading.Event()
-        self._fault_after: int | None = None
 
     @property
     def name(self) -> str:
@@ -266,7 +265,6 @@ class LlamaCppBackend:
                 ready.append((sequence, output))
         greedy = self._greedy_tokens(ready)
         sampled = {seq: self._sample(seq, output, greedy.get(seq)) for seq, output in ready}
-        self._count_down_fault(len(sampled))
         return [sampled.get(sequence) for sequence in own]
 
     def _greedy_tokens(self, ready: list[tuple[LlamaSequence, int]]) -> dict[LlamaSequence, int]:
@@ -323,20 +321,6 @@ class LlamaCppBackend:
             self._batch.close()
             self._context.close()
             self._model.close()
-
-    def inject_fault(self, after_tokens: int) -> None:
-        """Test hook: fail a step once `after_tokens` more tokens were sampled, as a
-        crashed forward pass would. It exercises the real recovery path (the pool
-        discards the model and loads it afresh) without a fake backend."""
-        self._fault_after = after_tokens
-
-    def _count_down_fault(self, sampled: int) -> None:
-        if self._fault_after is None:
-            return
-        self._fault_after -= sampled
-        if self._fault_after <= 0:
-            self._fault_after = None
-            raise RuntimeError("injected fault: llama.cpp forward pass failed")
 
     def _plan_step(self, sequences: list[LlamaSequence]) -> dict[LlamaSequence, Chunk]:
         """This step's chunk per sequence: one token for each decoding sequence

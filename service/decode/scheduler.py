@@ -1,7 +1,8 @@
 """The batch half of the decode loop: one step at a time over every active sequence.
 
 Each loaded text model has one scheduler, run by the model's worker thread
-between other calls (see `ModelWorker.attach`). A step:
+between other calls (see `ModelWorker.attach`); its engine hands it requests
+and where each one's events go (an `EventSink`). A step:
 1. drops requests whose client went away (they free their place at once);
 2. lets waiting requests join while the backend has room (a place in the
    batch and cache space for prompt + max_tokens);
@@ -25,9 +26,8 @@ Failures are told apart by where they happen (see `service.backends.failure`):
 
 from __future__ import annotations
 
-import asyncio
 from collections import deque
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import structlog
@@ -46,16 +46,23 @@ from service.backends.failure import RELOADING, library_failure
 from service.decode.chunking import StreamChunker
 from service.decode.loop import DecodeEvent, DecodePlan, SequenceDecoder
 from service.errors import NotSupported, Overloaded, ServiceError, Unavailable
-from service.models.worker import Channel, ModelWorker
+from service.worker import EventSink
 
 log = structlog.get_logger("scheduler")
+
+
+Sink = EventSink[DecodeEvent]
+
+
+def _nothing_to_publish() -> None:
+    """The default `publish`: sinks that deliver each event as it is sent."""
 
 
 @dataclass
 class _Request:
     plan: DecodePlan
     received_at: float
-    channel: Channel[DecodeEvent]
+    channel: Sink
     chunker: StreamChunker
     sequence: ActiveSequence | None = None
     decoder: SequenceDecoder | None = None
@@ -72,16 +79,15 @@ class DecodeScheduler:
     def __init__(
         self,
         backend: TextBackend,
-        worker: ModelWorker,
         max_waiting: int,
         stream_interval: int = 1,
         *,
         name: str = "",
         on_failure: Callable[[str], None] | None = None,
+        publish: Callable[[], None] = _nothing_to_publish,
     ) -> None:
         self._backend = backend
         self._stepper = as_stepper(backend)
-        self._worker = worker
         self._max_waiting = max_waiting
         # Tokens per streamed message after the first (see decode/chunking.py).
         self._stream_interval = stream_interval
@@ -89,16 +95,21 @@ class DecodeScheduler:
         # Called on the worker thread, with the reason, when the library failed a
         # step: the model's state is unknown and it must not serve again.
         self._on_failure = on_failure
+        # Called after each flush: sinks that batch (frames to the front) send then.
+        self._publish = publish
         self._waiting: deque[_Request] = deque()
         self._active: list[_Request] = []
         self._failure: str | None = None
         # Events and stream ends waiting for the next flush, in order.
-        self._outbox: list[tuple[Channel[DecodeEvent], DecodeEvent | _End]] = []
-        worker.attach(self.step)
+        self._outbox: list[tuple[Sink, DecodeEvent | _End]] = []
 
     @property
     def max_sequences(self) -> int:
         return self._stepper.max_sequences
+
+    @property
+    def computes_off_cpu(self) -> bool:
+        return self._stepper.computes_off_cpu
 
     @property
     def running(self) -> int:
@@ -110,16 +121,13 @@ class DecodeScheduler:
         """Requests waiting for a place in the batch (a snapshot, like `running`)."""
         return len(self._waiting)
 
-    async def stream(self, plan: DecodePlan, received_at: float) -> AsyncIterator[DecodeEvent]:
-        """The events of one generation; stopping early cancels it."""
-        relayed = self._stepper.computes_off_cpu
-        channel: Channel[DecodeEvent] = Channel(asyncio.get_running_loop(), relayed)
-        request = _Request(plan, received_at, channel, StreamChunker(self._stream_interval))
-        self._worker.submit(lambda: self._enqueue(request))
-        async for event in channel:
-            yield event
-
     # --- on the worker thread ---------------------------------------------------------
+
+    def enqueue(self, plan: DecodePlan, received_at: float, sink: Sink) -> None:
+        """Queue one generation; its events go to `sink`, and setting the sink's
+        `cancelled` ends it early."""
+        self._enqueue(_Request(plan, received_at, sink, StreamChunker(self._stream_interval)))
+        self._publish()  # a refusal goes out at once
 
     def step(self) -> bool:
         """One scheduler step; whether there is more work.
@@ -147,6 +155,7 @@ class DecodeScheduler:
                 channel.close(item.error)
             else:
                 channel.send(item)
+        self._publish()
 
     def abort(self, reason: str) -> None:
         """End every request, running or waiting, with UNAVAILABLE; refuse new ones.
@@ -172,8 +181,10 @@ class DecodeScheduler:
             self._waiting.append(request)
 
     def _free_places(self) -> int:
-        """Places in the batch that a request may take at the next step."""
-        return max(self._stepper.max_sequences - len(self._active), 0)
+        """Places in the batch that a request may take at the next step: a cancelled
+        request leaves its place then (its cancel may have arrived just before)."""
+        staying = sum(1 for request in self._active if not request.channel.cancelled.is_set())
+        return max(self._stepper.max_sequences - staying, 0)
 
     def _drop_cancelled(self) -> None:
         for request in [r for r in self._active if r.channel.cancelled.is_set()]:
@@ -303,6 +314,7 @@ class DecodeScheduler:
             request.channel.close(Unavailable(f"{reason}; retry"))
         self._active.clear()
         self._waiting.clear()
+        self._publish()
 
 
 def _sequence_request(plan: DecodePlan) -> SequenceRequest:

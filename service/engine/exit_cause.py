@@ -17,6 +17,8 @@ from pathlib import Path
 # point it at a fake tree.
 CGROUP_ROOT = Path("/sys/fs/cgroup")
 PROC_SELF_CGROUP = Path("/proc/self/cgroup")
+# The machine's count of OOM kills (Linux 4.13+), for a process at the cgroup root.
+VMSTAT = Path("/proc/vmstat")
 
 
 def describe_exit(
@@ -50,18 +52,19 @@ def _signal_words(number: int) -> str:
     return f"{name} ({meaning.lower()})" if meaning else name
 
 
-def oom_kill_count(root: Path = CGROUP_ROOT, proc_cgroup: Path = PROC_SELF_CGROUP) -> int | None:
-    """The cgroup v2 `oom_kill` counter of this process's cgroup, or None when
-    there is no cgroup v2 or it cannot be read.
+def oom_kill_count(
+    root: Path = CGROUP_ROOT, proc_cgroup: Path = PROC_SELF_CGROUP, vmstat: Path = VMSTAT
+) -> int | None:
+    """The cgroup v2 `oom_kill` counter of this process's cgroup, else the
+    machine's (/proc/vmstat), or None when neither can be read.
 
     Engines stay in our cgroup, so a rise in this counter around a child's
     SIGKILL means the kernel killed it for memory. Never raises: it only
     sharpens an error message.
     """
     path = _own_cgroup(proc_cgroup)
-    if path is None:
-        return None
-    return _nearest_oom_kill(root, path)
+    count = None if path is None else _nearest_oom_kill(root, path)
+    return count if count is not None else _read_oom_kill(vmstat)
 
 
 def _own_cgroup(proc_cgroup: Path) -> str | None:

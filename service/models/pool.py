@@ -1,4 +1,4 @@
-"""The models loaded now: an LRU under a memory budget, each model on its own worker thread.
+"""The models loaded now: an LRU under a memory budget, each model in an engine of its own.
 
 - A model is admitted (see `service.admission`) before it is loaded, and its
   memory estimated from metadata: host memory, budgeted against `budget_bytes`,
@@ -19,37 +19,38 @@
   fresh copy, and the broken one is closed once its last user leaves (its
   memory counts until then). Other exceptions pass through untouched: the
   model stays (see `service.backends.failure`).
+- A model whose engine process died is discarded the same way, and the crash
+  recorded: a model that crashed `crash_limit` times within `crash_window`
+  seconds is refused with FAILED_PRECONDITION until the oldest of those
+  crashes leaves the window (see `service.engine.crash_backoff`).
 - Idle models are unloaded after `keep_alive` seconds, except the default.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import dataclasses
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
-from typing import Any, cast
+from typing import Any
 
 import structlog
 
 from service.admission import Capability, Decision
-from service.admission.gates import LLAMA_CPP
-from service.backends.base import TextBackend
-from service.decode.scheduler import DecodeScheduler
-from service.errors import NotSupported, Overloaded, Unavailable
-from service.images.backend import ImageBackend
+from service.backends.names import LLAMA_CPP
+from service.engine.base import Engine, EngineCrashed, EngineHooks
+from service.engine.crash_backoff import CrashHistory
+from service.errors import NotSupported, Overloaded
 from service.models.catalog import Catalog, ModelSpec
 from service.models.memory import MemoryNeed, format_bytes
 from service.models.sources import ModelSource
-from service.models.worker import ModelWorker
 
 log = structlog.get_logger("pool")
 
-Backend = TextBackend | ImageBackend
-BackendLoader = Callable[[ModelSpec, ModelSource, str], Backend]
+# Starts a model's engine with its backend, as admission chose it.
+EngineStarter = Callable[[ModelSpec, ModelSource, str, EngineHooks], Awaitable[Engine]]
 Admitter = Callable[[ModelSource, Capability], Decision]
 
 
@@ -62,62 +63,42 @@ class PoolLimits:
     load_wait: float = 30.0
     # Generations that may wait for a place in a text model's batch.
     max_waiting_sequences: int = 64
-
-
-def _nobody(why: str) -> None:
-    """A failure hook for a model that is in no pool (tests build such models)."""
+    # Crashes of one model's engine within crash_window seconds that make the
+    # pool refuse it until the oldest leaves the window; 0: never refuse.
+    crash_limit: int = 3
+    crash_window: float = 600.0
 
 
 @dataclass(eq=False)  # models are told apart by identity: a reload is another model
 class LoadedModel:
     spec: ModelSpec
-    backend: Backend
-    worker: ModelWorker
+    engine: Engine
     memory_bytes: int  # host memory
     capability: Capability
     device_bytes: int = 0  # GPU memory
     last_used: float = field(default_factory=time.time)
     active_requests: int = 0
-    # Set when the backend failed mid-request; the model is then out of the pool.
+    # Set when the backend failed mid-request or its engine died; the model is
+    # then out of the pool.
     broken: bool = False
-    # A text model's decode loop, batching its concurrent generations.
-    scheduler: DecodeScheduler | None = None
     # Set once its closing began; it serves nothing after.
     closing: bool = False
-    # Tells the pool, from any thread, that the library failed inside this model.
-    failure_hook: Callable[[str], None] = _nobody
 
     @property
     def name(self) -> str:
         return self.spec.name
 
-    def report_failure(self, why: str) -> None:
-        """The library failed and left this model in an unknown state: have the pool
-        discard it. Callable from the worker thread."""
-        self.failure_hook(why)
-
-    def ensure_usable(self) -> None:
-        """Call on the worker before using the backend: it may have failed meanwhile."""
-        if self.broken:  # a request ahead of this one broke it while this one waited
-            raise Unavailable(f"model {self.name!r} is being reloaded after a failure; retry")
-
     @property
-    def text(self) -> TextBackend:
-        if self.capability is not Capability.TEXT:
-            raise NotSupported(f"model {self.name!r} generates images; call GenerateImage")
-        return cast(TextBackend, self.backend)
+    def backend_name(self) -> str:
+        return self.engine.info.backend
 
-    @property
-    def decoder(self) -> DecodeScheduler:
-        if self.scheduler is None:
-            raise NotSupported(f"model {self.name!r} generates images; call GenerateImage")
-        return self.scheduler
-
-    @property
-    def image(self) -> ImageBackend:
-        if self.capability is not Capability.IMAGE:
+    def require(self, capability: Capability) -> Engine:
+        """Its engine, or NotSupported when the model does not do what was asked."""
+        if capability is not self.capability:
+            if capability is Capability.TEXT:
+                raise NotSupported(f"model {self.name!r} generates images; call GenerateImage")
             raise NotSupported(f"model {self.name!r} generates text; call Generate")
-        return cast(ImageBackend, self.backend)
+        return self.engine
 
 
 @dataclass(frozen=True)
@@ -148,6 +129,7 @@ class PoolStats:
     loads: dict[str, int] = field(default_factory=dict)
     load_seconds: dict[str, float] = field(default_factory=dict)  # summed over loads
     evictions: list[str] = field(default_factory=list)
+    crashes: list[str] = field(default_factory=list)  # a model's name per engine crash
 
 
 def memory_need(decision: Decision, spec: ModelSpec) -> MemoryNeed:
@@ -172,14 +154,19 @@ class ModelPool:
         self,
         catalog: Catalog,
         admitter: Admitter,
-        loader: BackendLoader,
+        starter: EngineStarter,
         limits: PoolLimits,
     ) -> None:
         self.catalog = catalog
         self.limits = limits
         self.stats = PoolStats()
+        self.crashes = CrashHistory(limits.crash_limit, limits.crash_window)
+        # Told the name of a model whose engine died (the server reloads the default),
+        # and of each model loaded (the server's health follows the default's).
+        self.on_engine_exit: Callable[[str], None] = _nobody
+        self.on_loaded: Callable[[str], None] = _nobody
         self._admit = admitter
-        self._loader = loader
+        self._start_engine = starter
         self._loaded: dict[str, LoadedModel] = {}  # least recently used first
         self._loading: dict[str, _Load] = {}
         # Out of the pool, still in memory: evicted ones closing, broken ones in use.
@@ -340,6 +327,7 @@ class ModelPool:
         try:
             model = await self._admit_and_load(load, spec, capability)
             self._loaded[spec.name] = model  # in the same step the reservation goes
+            self.on_loaded(spec.name)
         finally:
             del self._loading[spec.name]
             self._changed()
@@ -347,65 +335,58 @@ class ModelPool:
     async def _admit_and_load(
         self, load: _Load, spec: ModelSpec, capability: Capability
     ) -> LoadedModel:
+        refusal = self.crashes.refusal(spec.name)
+        if refusal is not None:
+            raise NotSupported(refusal)
         source = await asyncio.to_thread(spec.locate)
         decision = await asyncio.to_thread(self._admit, source, capability)
         if not decision.admitted:
             raise NotSupported(f"model {spec.name!r} cannot be served: {decision.reason}")
         need = memory_need(decision, spec)
         await self._make_room(load, need.host_bytes, need.device_bytes)
-        worker = ModelWorker(spec.name)
+        loaded: list[LoadedModel] = []  # the hooks' model, once there is one
+
+        def failed(why: str) -> None:
+            for model in loaded:
+                self._discard_soon(model, why)
+
+        def died(cause: str) -> None:
+            for model in loaded:
+                self._engine_died(model, cause)
+
+        hooks = EngineHooks(on_failure=failed, on_exit=died)
         started = time.monotonic()
         try:
-            backend = await worker.call(lambda: self._loader(spec, source, decision.backend))
-        except BaseException:
-            worker.shutdown()
+            engine = await self._start_engine(spec, source, decision.backend, hooks)
+        except EngineCrashed as crash:
+            self._record_crash(spec.name, crash.cause)
             raise
         seconds = time.monotonic() - started
         self.stats.load_seconds[spec.name] = self.stats.load_seconds.get(spec.name, 0.0) + seconds
-        model = self._assemble(spec, backend, worker, need, capability)
+        model = LoadedModel(spec, engine, need.host_bytes, capability, need.device_bytes)
+        loaded.append(model)
         self.stats.loads[spec.name] = self.stats.loads.get(spec.name, 0) + 1
         log.info(
             "model loaded",
             model=spec.name,
-            backend=backend.name,
+            backend=engine.info.backend,
+            engine_pid=engine.pid,
+            seconds=round(seconds, 2),
             memory=format_bytes(need.host_bytes),
             gpu_memory=format_bytes(need.device_bytes),
         )
         return model
 
-    def _assemble(
-        self,
-        spec: ModelSpec,
-        backend: Backend,
-        worker: ModelWorker,
-        need: MemoryNeed,
-        capability: Capability,
-    ) -> LoadedModel:
-        model = LoadedModel(
-            spec,
-            backend,
-            worker,
-            memory_bytes=need.host_bytes,
-            capability=capability,
-            device_bytes=need.device_bytes,
-        )
-        loop = asyncio.get_running_loop()
+    def _engine_died(self, model: LoadedModel, cause: str) -> None:
+        """Its engine process died: drop the model (the next request starts a fresh
+        engine), count the crash, and tell the server."""
+        self._record_crash(model.name, cause)
+        self._discard_soon(model, f"its engine process ended: {cause}")
+        self.on_engine_exit(model.name)
 
-        def discard_from_worker(why: str) -> None:
-            with contextlib.suppress(RuntimeError):  # the event loop is gone: shutting down
-                loop.call_soon_threadsafe(self._discard_soon, model, why)
-
-        model.failure_hook = discard_from_worker
-        if capability is Capability.TEXT:
-            model.scheduler = DecodeScheduler(
-                cast(TextBackend, backend),
-                worker,
-                self.limits.max_waiting_sequences,
-                spec.stream_interval,
-                name=spec.name,
-                on_failure=discard_from_worker,
-            )
-        return model
+    def _record_crash(self, name: str, cause: str) -> None:
+        self.crashes.record(name, cause)
+        self.stats.crashes.append(name)
 
     async def _make_room(self, load: _Load, need: int, device_need: int = 0) -> None:
         """Wait until `need` fits, then reserve it and evict what must go for it."""
@@ -477,10 +458,21 @@ class ModelPool:
             await self._close_leaving(model)
 
     async def _close_leaving(self, model: LoadedModel) -> None:
-        """Close a model out of the pool, once; its memory is free after."""
+        """Close a model out of the pool, once; its memory is free after.
+
+        The closing runs as a task of its own, which `close` awaits: a load that
+        evicted the model may be cancelled, but an engine must not be left half
+        stopped.
+        """
         if model.closing:
             return
         model.closing = True
+        task = asyncio.create_task(self._close_and_forget(model))
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
+        await asyncio.shield(task)
+
+    async def _close_and_forget(self, model: LoadedModel) -> None:
         try:
             await self._close(model)
         except Exception:  # nothing more can be done for it; its memory is let go
@@ -489,14 +481,9 @@ class ModelPool:
             self._leaving.pop(id(model), None)
             self._changed()
 
-    async def _close(self, model: LoadedModel) -> None:
-        scheduler = model.scheduler
-        try:
-            if scheduler is not None:  # nothing may step a closed backend
-                await model.worker.call(lambda: scheduler.abort(f"model {model.name!r} unloaded"))
-            await model.worker.call(model.backend.close)
-        finally:
-            model.worker.shutdown()
+    @staticmethod
+    async def _close(model: LoadedModel) -> None:
+        await model.engine.close(f"model {model.name!r} unloaded")
 
     def _touch(self, model: LoadedModel) -> None:
         self._loaded.pop(model.name)
@@ -533,14 +520,21 @@ class ModelPool:
         loads = [load.task for load in self._loading.values() if load.task is not None]
         for task in loads:
             task.cancel()
-        # Awaited, so that no load is left half done when the event loop stops.
-        await asyncio.gather(*loads, *self._background, return_exceptions=True)
+        # Awaited, so that no load or closing is left half done when the event loop
+        # stops; a cancelled load may have started closing what it evicted.
+        await asyncio.gather(*loads, return_exceptions=True)
+        while self._background:
+            await asyncio.gather(*self._background, return_exceptions=True)
         models = [*self._loaded.values(), *self._leaving.values()]
         self._loaded, self._leaving = {}, {}
         for model in models:
             if not model.closing:
                 model.closing = True
                 await self._close(model)
+
+
+def _nobody(name: str) -> None:
+    """The default `on_engine_exit`: nobody to tell."""
 
 
 def _retrieve(task: asyncio.Task[None]) -> None:

@@ -801,6 +801,19 @@ export declare type MemoryEstimate = Message<"inference.v1.MemoryEstimate"> & {
    * @generated from field: uint64 parked_bytes = 54;
    */
   parkedBytes: bigint;
+
+  /**
+   * When the model is loaded: what its engine process holds, measured (RSS,
+   * and GPU memory as the driver reports it).
+   *
+   * @generated from field: optional uint64 measured_rss_bytes = 55;
+   */
+  measuredRssBytes?: bigint | undefined;
+
+  /**
+   * @generated from field: optional uint64 measured_gpu_bytes = 56;
+   */
+  measuredGpuBytes?: bigint | undefined;
 };
 
 /**
@@ -1098,6 +1111,27 @@ export declare type ModelInfo = Message<"inference.v1.ModelInfo"> & {
    * @generated from field: uint32 context_length = 9;
    */
   contextLength: number;
+
+  /**
+   * The process the model runs in (its engine); 0 when it is not loaded, or
+   * runs inside the server's own process (--engine-mode in-process).
+   *
+   * @generated from field: uint32 engine_pid = 10;
+   */
+  enginePid: number;
+
+  /**
+   * Measured while loaded: the engine's resident memory (RSS) and the GPU
+   * memory the driver reports for it. memory_bytes is the pool's estimate.
+   *
+   * @generated from field: uint64 rss_bytes = 11;
+   */
+  rssBytes: bigint;
+
+  /**
+   * @generated from field: uint64 gpu_memory_bytes = 12;
+   */
+  gpuMemoryBytes: bigint;
 };
 
 /**

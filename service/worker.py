@@ -1,4 +1,4 @@
-"""A thread that owns one loaded model.
+"""A thread that owns one loaded model, and the sinks its results go out through.
 
 Model libraries are not thread-safe and some (MLX) bind state to the thread
 that created it, so a model is loaded, used and closed on its own single
@@ -19,18 +19,35 @@ import threading
 import weakref
 from collections.abc import AsyncIterator, Callable
 from concurrent.futures import Future
-from typing import Any, Generic, TypeVar
+from typing import Any, Generic, Protocol, TypeVar
 
 import structlog
 
 from service.errors import Unavailable
 
 T = TypeVar("T")
+T_contra = TypeVar("T_contra", contravariant=True)
 
 log = structlog.get_logger("worker")
 
 _END = object()
 _STOP = object()
+
+
+class EventSink(Protocol[T_contra]):
+    """Where one request's results go from the worker thread: a `Channel` to a
+    coroutine of this process, or a frame to the front (see service.engine).
+
+    `cancelled` is set once nobody listens any more; the producer checks it
+    and stops early. After `close` nothing more is sent.
+    """
+
+    @property
+    def cancelled(self) -> threading.Event: ...
+
+    def send(self, item: T_contra) -> None: ...
+
+    def close(self, error: BaseException | None = None) -> None: ...
 
 
 class _Relay:
@@ -101,7 +118,11 @@ class Channel(Generic[T]):
         self._loop = loop
         self._relay = _relay_for(loop) if relayed else None
         self.queue: asyncio.Queue[tuple[object, BaseException | None]] = asyncio.Queue()
-        self.cancelled = threading.Event()
+        self._cancelled = threading.Event()
+
+    @property
+    def cancelled(self) -> threading.Event:
+        return self._cancelled
 
     def send(self, item: T) -> None:
         self._put(item, None)
@@ -162,6 +183,19 @@ class ModelWorker:
 
         self.submit(task)
         return await asyncio.wrap_future(future)
+
+    def run(self, fn: Callable[[], T]) -> T:
+        """`call` for a thread without an event loop: blocks until `fn` ran there."""
+        future: Future[T] = Future()
+
+        def task() -> None:
+            try:
+                future.set_result(fn())
+            except BaseException as exc:  # raised in the calling thread
+                future.set_exception(exc)
+
+        self.submit(task)
+        return future.result()
 
     async def run_emitting(
         self, work: Callable[[Callable[[T], None], threading.Event], None]

@@ -1,0 +1,162 @@
+from inference.v1 import inference_pb2 as _inference_pb2
+from google.protobuf.internal import containers as _containers
+from google.protobuf import descriptor as _descriptor
+from google.protobuf import message as _message
+from collections.abc import Iterable as _Iterable, Mapping as _Mapping
+from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
+
+DESCRIPTOR: _descriptor.FileDescriptor
+
+class ToEngine(_message.Message):
+    __slots__ = ("load", "generate", "generate_image", "cancel", "shutdown")
+    LOAD_FIELD_NUMBER: _ClassVar[int]
+    GENERATE_FIELD_NUMBER: _ClassVar[int]
+    GENERATE_IMAGE_FIELD_NUMBER: _ClassVar[int]
+    CANCEL_FIELD_NUMBER: _ClassVar[int]
+    SHUTDOWN_FIELD_NUMBER: _ClassVar[int]
+    load: Load
+    generate: Generate
+    generate_image: GenerateImage
+    cancel: Cancel
+    shutdown: Shutdown
+    def __init__(self, load: _Optional[_Union[Load, _Mapping]] = ..., generate: _Optional[_Union[Generate, _Mapping]] = ..., generate_image: _Optional[_Union[GenerateImage, _Mapping]] = ..., cancel: _Optional[_Union[Cancel, _Mapping]] = ..., shutdown: _Optional[_Union[Shutdown, _Mapping]] = ...) -> None: ...
+
+class FromEngine(_message.Message):
+    __slots__ = ("loaded", "load_failed", "events", "model_failed")
+    LOADED_FIELD_NUMBER: _ClassVar[int]
+    LOAD_FAILED_FIELD_NUMBER: _ClassVar[int]
+    EVENTS_FIELD_NUMBER: _ClassVar[int]
+    MODEL_FAILED_FIELD_NUMBER: _ClassVar[int]
+    loaded: Loaded
+    load_failed: Status
+    events: EventBatch
+    model_failed: str
+    def __init__(self, loaded: _Optional[_Union[Loaded, _Mapping]] = ..., load_failed: _Optional[_Union[Status, _Mapping]] = ..., events: _Optional[_Union[EventBatch, _Mapping]] = ..., model_failed: _Optional[str] = ...) -> None: ...
+
+class Load(_message.Message):
+    __slots__ = ("name", "backend", "path", "source_kind", "context_size", "threads", "gpu_layers", "main_gpu", "flash_attention", "parallel_sequences", "cached_sequences", "kv_layout", "stream_interval", "max_waiting_sequences", "chat_template", "default_max_tokens", "max_decode_seconds", "log_level")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    BACKEND_FIELD_NUMBER: _ClassVar[int]
+    PATH_FIELD_NUMBER: _ClassVar[int]
+    SOURCE_KIND_FIELD_NUMBER: _ClassVar[int]
+    CONTEXT_SIZE_FIELD_NUMBER: _ClassVar[int]
+    THREADS_FIELD_NUMBER: _ClassVar[int]
+    GPU_LAYERS_FIELD_NUMBER: _ClassVar[int]
+    MAIN_GPU_FIELD_NUMBER: _ClassVar[int]
+    FLASH_ATTENTION_FIELD_NUMBER: _ClassVar[int]
+    PARALLEL_SEQUENCES_FIELD_NUMBER: _ClassVar[int]
+    CACHED_SEQUENCES_FIELD_NUMBER: _ClassVar[int]
+    KV_LAYOUT_FIELD_NUMBER: _ClassVar[int]
+    STREAM_INTERVAL_FIELD_NUMBER: _ClassVar[int]
+    MAX_WAITING_SEQUENCES_FIELD_NUMBER: _ClassVar[int]
+    CHAT_TEMPLATE_FIELD_NUMBER: _ClassVar[int]
+    DEFAULT_MAX_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    MAX_DECODE_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    LOG_LEVEL_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    backend: str
+    path: str
+    source_kind: str
+    context_size: int
+    threads: int
+    gpu_layers: int
+    main_gpu: int
+    flash_attention: str
+    parallel_sequences: int
+    cached_sequences: int
+    kv_layout: str
+    stream_interval: int
+    max_waiting_sequences: int
+    chat_template: str
+    default_max_tokens: int
+    max_decode_seconds: float
+    log_level: str
+    def __init__(self, name: _Optional[str] = ..., backend: _Optional[str] = ..., path: _Optional[str] = ..., source_kind: _Optional[str] = ..., context_size: _Optional[int] = ..., threads: _Optional[int] = ..., gpu_layers: _Optional[int] = ..., main_gpu: _Optional[int] = ..., flash_attention: _Optional[str] = ..., parallel_sequences: _Optional[int] = ..., cached_sequences: _Optional[int] = ..., kv_layout: _Optional[str] = ..., stream_interval: _Optional[int] = ..., max_waiting_sequences: _Optional[int] = ..., chat_template: _Optional[str] = ..., default_max_tokens: _Optional[int] = ..., max_decode_seconds: _Optional[float] = ..., log_level: _Optional[str] = ...) -> None: ...
+
+class Loaded(_message.Message):
+    __slots__ = ("backend", "context_length", "computes_off_cpu")
+    BACKEND_FIELD_NUMBER: _ClassVar[int]
+    CONTEXT_LENGTH_FIELD_NUMBER: _ClassVar[int]
+    COMPUTES_OFF_CPU_FIELD_NUMBER: _ClassVar[int]
+    backend: str
+    context_length: int
+    computes_off_cpu: bool
+    def __init__(self, backend: _Optional[str] = ..., context_length: _Optional[int] = ..., computes_off_cpu: _Optional[bool] = ...) -> None: ...
+
+class Status(_message.Message):
+    __slots__ = ("code", "message")
+    CODE_FIELD_NUMBER: _ClassVar[int]
+    MESSAGE_FIELD_NUMBER: _ClassVar[int]
+    code: int
+    message: str
+    def __init__(self, code: _Optional[int] = ..., message: _Optional[str] = ...) -> None: ...
+
+class Generate(_message.Message):
+    __slots__ = ("id", "received_at", "request", "grammar", "grammar_branches")
+    ID_FIELD_NUMBER: _ClassVar[int]
+    RECEIVED_AT_FIELD_NUMBER: _ClassVar[int]
+    REQUEST_FIELD_NUMBER: _ClassVar[int]
+    GRAMMAR_FIELD_NUMBER: _ClassVar[int]
+    GRAMMAR_BRANCHES_FIELD_NUMBER: _ClassVar[int]
+    id: int
+    received_at: float
+    request: _inference_pb2.GenerateRequest
+    grammar: str
+    grammar_branches: int
+    def __init__(self, id: _Optional[int] = ..., received_at: _Optional[float] = ..., request: _Optional[_Union[_inference_pb2.GenerateRequest, _Mapping]] = ..., grammar: _Optional[str] = ..., grammar_branches: _Optional[int] = ...) -> None: ...
+
+class GenerateImage(_message.Message):
+    __slots__ = ("id", "received_at", "request")
+    ID_FIELD_NUMBER: _ClassVar[int]
+    RECEIVED_AT_FIELD_NUMBER: _ClassVar[int]
+    REQUEST_FIELD_NUMBER: _ClassVar[int]
+    id: int
+    received_at: float
+    request: _inference_pb2.GenerateImageRequest
+    def __init__(self, id: _Optional[int] = ..., received_at: _Optional[float] = ..., request: _Optional[_Union[_inference_pb2.GenerateImageRequest, _Mapping]] = ...) -> None: ...
+
+class Cancel(_message.Message):
+    __slots__ = ("id",)
+    ID_FIELD_NUMBER: _ClassVar[int]
+    id: int
+    def __init__(self, id: _Optional[int] = ...) -> None: ...
+
+class Shutdown(_message.Message):
+    __slots__ = ("reason",)
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    reason: str
+    def __init__(self, reason: _Optional[str] = ...) -> None: ...
+
+class Event(_message.Message):
+    __slots__ = ("id", "text", "image_progress", "image", "end")
+    ID_FIELD_NUMBER: _ClassVar[int]
+    TEXT_FIELD_NUMBER: _ClassVar[int]
+    IMAGE_PROGRESS_FIELD_NUMBER: _ClassVar[int]
+    IMAGE_FIELD_NUMBER: _ClassVar[int]
+    END_FIELD_NUMBER: _ClassVar[int]
+    id: int
+    text: _inference_pb2.GenerateResponse
+    image_progress: _inference_pb2.ImageProgress
+    image: RenderedImage
+    end: Status
+    def __init__(self, id: _Optional[int] = ..., text: _Optional[_Union[_inference_pb2.GenerateResponse, _Mapping]] = ..., image_progress: _Optional[_Union[_inference_pb2.ImageProgress, _Mapping]] = ..., image: _Optional[_Union[RenderedImage, _Mapping]] = ..., end: _Optional[_Union[Status, _Mapping]] = ...) -> None: ...
+
+class RenderedImage(_message.Message):
+    __slots__ = ("png", "width", "height")
+    PNG_FIELD_NUMBER: _ClassVar[int]
+    WIDTH_FIELD_NUMBER: _ClassVar[int]
+    HEIGHT_FIELD_NUMBER: _ClassVar[int]
+    png: bytes
+    width: int
+    height: int
+    def __init__(self, png: _Optional[bytes] = ..., width: _Optional[int] = ..., height: _Optional[int] = ...) -> None: ...
+
+class EventBatch(_message.Message):
+    __slots__ = ("events", "running", "waiting")
+    EVENTS_FIELD_NUMBER: _ClassVar[int]
+    RUNNING_FIELD_NUMBER: _ClassVar[int]
+    WAITING_FIELD_NUMBER: _ClassVar[int]
+    events: _containers.RepeatedCompositeFieldContainer[Event]
+    running: int
+    waiting: int
+    def __init__(self, events: _Optional[_Iterable[_Union[Event, _Mapping]]] = ..., running: _Optional[int] = ..., waiting: _Optional[int] = ...) -> None: ...

@@ -1,0 +1,1 @@
+"""Engine processes: each loaded model in a process of its own."""

@@ -1,0 +1,252 @@
+"""One loaded model and everything that serves it, wherever it runs.
+
+An `EngineCore` owns a backend, the worker thread the backend lives on and,
+for a text model, its decode scheduler. Requests come in with the sink their
+results go to, and everything here runs on the worker thread: the same code
+serves a model in an engine process (sinks write frames to the front) and in
+the front itself with `--engine-mode in-process` (sinks are channels to a
+coroutine).
+
+For text it prepares the prompt (chat template, tokenizer, length budget),
+sends the `started` event and hands the plan to the scheduler; events leave
+as `inference.v1.GenerateResponse` messages, tool calls parsed into the last.
+For images it runs the pipeline, reporting each denoising step.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+from typing import cast
+
+from inference.v1 import inference_pb2 as pb
+from service.backends.base import TextBackend
+from service.backends.failure import RELOADING, library_failure
+from service.backends.names import DIFFUSERS
+from service.chat_template import render_chat
+from service.decode.loop import DecodeEvent, DecodePlan, fit_max_tokens
+from service.decode.scheduler import DecodeScheduler
+from service.engine.base import EngineInfo
+from service.engine.options import EngineOptions
+from service.errors import NotSupported, ServiceError, Unavailable
+from service.generation import Finished, GenerationRequest, Started
+from service.images.backend import GenerationCancelled, ImageBackend
+from service.images.generation import ImageRequest, ImageStep, RenderedImage
+from service.tools.base import ToolCallParser
+from service.tools.conventions import parser_for_template, with_tool_calls
+from service.worker import EventSink, ModelWorker
+
+TextSink = EventSink[pb.GenerateResponse]
+ImageSink = EventSink[ImageStep | RenderedImage]
+
+
+def _nothing_to_publish() -> None:
+    """The default `publish`: sinks that deliver each event as it is sent."""
+
+
+class EngineCore:
+    def __init__(
+        self,
+        options: EngineOptions,
+        backend: TextBackend | ImageBackend,
+        worker: ModelWorker,
+        *,
+        on_failure: Callable[[str], None],
+        publish: Callable[[], None] = _nothing_to_publish,
+    ) -> None:
+        """`on_failure` is told, from the worker thread, that the library failed and
+        left the model in an unknown state; `publish` sends what sinks batched."""
+        self.options = options
+        self.backend = backend
+        self.worker = worker
+        self._on_failure = on_failure
+        self._publish = publish
+        self._broken: str | None = None
+        self.scheduler: DecodeScheduler | None = None
+        if options.backend != DIFFUSERS:
+            self.scheduler = DecodeScheduler(
+                cast(TextBackend, backend),
+                options.max_waiting_sequences,
+                options.stream_interval,
+                name=options.name,
+                on_failure=self._failed,
+                publish=publish,
+            )
+            worker.attach(self.scheduler.step)
+
+    @property
+    def info(self) -> EngineInfo:
+        scheduler = self.scheduler
+        if scheduler is None:
+            return EngineInfo(self.backend.name, 0)
+        return EngineInfo(self.backend.name, self._text.context_length, scheduler.computes_off_cpu)
+
+    @property
+    def running(self) -> int:
+        return 0 if self.scheduler is None else self.scheduler.running
+
+    @property
+    def waiting(self) -> int:
+        return 0 if self.scheduler is None else self.scheduler.waiting
+
+    @property
+    def _text(self) -> TextBackend:
+        return cast(TextBackend, self.backend)
+
+    # --- on the worker thread -----------------------------------------------------------
+
+    def start_text(self, request: GenerationRequest, received_at: float, sink: TextSink) -> None:
+        """Prepare one generation and queue it; its events go to `sink`."""
+        try:
+            scheduler = self._scheduler()
+            started, plan, parser = self._prepare(request)
+        except Exception as exc:  # this request's alone: a ServiceError, or a bug of ours
+            sink.close(exc)
+            self._publish()
+            return
+        sink.send(started.to_pb())
+        scheduler.enqueue(plan, received_at, _Responses(sink, parser if request.tools else None))
+
+    def start_image(self, request: ImageRequest, received_at: float, sink: ImageSink) -> None:
+        """Render one image, reporting each step to `sink`, then the image."""
+        try:
+            sink.send(self._render(request, received_at, sink))
+        except GenerationCancelled:
+            sink.close()  # the client went away; nobody is listening
+        except Exception as exc:
+            sink.close(exc)
+        else:
+            sink.close()
+        self._publish()
+
+    def close(self, reason: str) -> None:
+        """End every request with UNAVAILABLE and `reason`, then free the model."""
+        if self.scheduler is not None:  # nothing may step a closed backend
+            self.scheduler.abort(reason)
+        self._broken = self._broken or reason
+        self.backend.close()
+
+    def _scheduler(self) -> DecodeScheduler:
+        if self.scheduler is None:
+            raise NotSupported(f"model {self.options.name!r} generates images; call GenerateImage")
+        return self.scheduler
+
+    def _prepare(self, request: GenerationRequest) -> tuple[Started, DecodePlan, ToolCallParser]:
+        backend = self._text
+        prompt_ids = self._prompt_ids(request)
+        max_tokens = fit_max_tokens(
+            prompt_tokens=len(prompt_ids),
+            requested=request.max_tokens,
+            default=self.options.default_max_tokens,
+            context_length=backend.context_length,
+        )
+        plan = DecodePlan(
+            prompt_ids=tuple(prompt_ids),
+            max_tokens=max_tokens,
+            stop=request.stop,
+            sampling=request.sampling.resolve(backend.sampling_defaults()),
+            time_limit_s=self.options.max_decode_seconds,
+            grammar=request.grammar,
+            top_logprobs=request.top_logprobs if request.logprobs else None,
+        )
+        started = Started(
+            model=self.options.name,
+            backend=backend.name,
+            prompt_tokens=len(prompt_ids),
+            context_length=backend.context_length,
+        )
+        return started, plan, parser_for_template(self._template())
+
+    def _prompt_ids(self, request: GenerationRequest) -> list[int]:
+        backend = self._text
+        if request.prompt is not None:
+            return self._tokenize(request.prompt, add_bos=backend.adds_bos)
+        tokens = backend.template_tokens
+        text = self._render_chat(request, tokens)
+        # Templates that write the BOS token themselves must not get a second one.
+        bos = tokens.get("bos_token", "")
+        add_bos = backend.adds_bos and not (bos and text.startswith(bos))
+        return self._tokenize(text, add_bos=add_bos)
+
+    def _tokenize(self, text: str, *, add_bos: bool) -> list[int]:
+        """The library's tokenizer; its failure is this request's (a tokenizer keeps no
+        state)."""
+        try:
+            return self._text.tokenize(text, add_bos=add_bos)
+        except ServiceError:
+            raise
+        except Exception as exc:
+            raise library_failure(
+                f"the tokenizer of model {self.options.name!r} failed", exc
+            ) from exc
+
+    def _render_chat(self, request: GenerationRequest, tokens: dict[str, str]) -> str:
+        """The chat template rendered; a template that fails otherwise than by refusing
+        (see render_chat) is the model file's fault, and this request's alone."""
+        name = self.options.name
+        try:
+            return render_chat(self._template(), request.messages, tokens, name, request.tools)
+        except ServiceError:
+            raise
+        except Exception as exc:
+            raise library_failure(f"the chat template of model {name!r} failed", exc) from exc
+
+    def _template(self) -> str | None:
+        """The chat template: the operator's for this model, else the model's own."""
+        return self.options.chat_template or self._text.chat_template
+
+    def _render(self, request: ImageRequest, received_at: float, sink: ImageSink) -> RenderedImage:
+        """The backend's image. The library failing mid-pipeline leaves the model in an
+        unknown state: it is discarded."""
+        if self._broken is not None:  # a request ahead of this one broke it
+            raise Unavailable(f"model {self.options.name!r} is being reloaded; retry")
+        if self.scheduler is not None:
+            raise NotSupported(f"model {self.options.name!r} generates text; call Generate")
+        backend = cast(ImageBackend, self.backend)
+
+        def on_step(step: int, total: int) -> None:
+            sink.send(ImageStep(step, total, (time.monotonic() - received_at) * 1000))
+            self._publish()
+
+        try:
+            return backend.generate(request, on_step, sink.cancelled)
+        except (ServiceError, GenerationCancelled):
+            raise
+        except Exception as exc:
+            name = self.options.name
+            failure = library_failure(f"model {name!r} failed while generating", exc, RELOADING)
+            self._failed(failure.message)
+            raise failure from exc
+
+    def _failed(self, why: str) -> None:
+        self._broken = why
+        self._on_failure(why)
+
+
+class _Responses:
+    """A request's decode events as protobuf messages, tool calls parsed into the last.
+
+    The text itself streams as the model writes it, call blocks included: a call
+    is only known to be one once its block is complete.
+    """
+
+    def __init__(self, sink: TextSink, tool_parser: ToolCallParser | None) -> None:
+        self._sink = sink
+        self._parser = tool_parser
+        self._text: list[str] = []
+
+    @property
+    def cancelled(self) -> threading.Event:
+        return self._sink.cancelled
+
+    def send(self, event: DecodeEvent) -> None:
+        if self._parser is not None:
+            if isinstance(event, Finished):
+                event = with_tool_calls(event, self._parser.parse("".join(self._text)))
+            else:
+                self._text.append(event.text)
+        self._sink.send(event.to_pb())
+
+    def close(self, error: BaseException | None = None) -> None:
+        self._sink.close(error)

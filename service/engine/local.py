@@ -1,0 +1,83 @@
+"""An engine in the front's own process (`--engine-mode in-process`), for debugging
+and profiling: a native crash here takes the whole server down."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator
+
+from inference.v1 import inference_pb2 as pb
+from service.backends import load_backend
+from service.engine.base import EngineHooks, EngineInfo, MeasuredMemory
+from service.engine.core import EngineCore
+from service.engine.options import EngineOptions
+from service.generation import GenerationRequest
+from service.images.generation import ImageRequest, ImageStep, RenderedImage
+from service.worker import Channel, ModelWorker
+
+
+class LocalEngine:
+    def __init__(self, core: EngineCore) -> None:
+        self.core = core
+        self._worker = core.worker
+
+    @classmethod
+    async def start(cls, options: EngineOptions, hooks: EngineHooks) -> LocalEngine:
+        """Load the model on a worker thread of its own."""
+        worker = ModelWorker(options.name)
+        try:
+            backend = await worker.call(lambda: load_backend(options))
+        except BaseException:
+            worker.shutdown()
+            raise
+        loop = asyncio.get_running_loop()
+
+        def failed_from_worker(why: str) -> None:
+            with contextlib.suppress(RuntimeError):  # the event loop is gone: shutting down
+                loop.call_soon_threadsafe(hooks.on_failure, why)
+
+        return cls(EngineCore(options, backend, worker, on_failure=failed_from_worker))
+
+    @property
+    def info(self) -> EngineInfo:
+        return self.core.info
+
+    @property
+    def pid(self) -> int | None:
+        return None
+
+    @property
+    def running(self) -> int:
+        return self.core.running
+
+    @property
+    def waiting(self) -> int:
+        return self.core.waiting
+
+    async def generate(
+        self, request: GenerationRequest, received_at: float
+    ) -> AsyncIterator[pb.GenerateResponse]:
+        # With a GPU the loop is woken through the relay thread (see Channel).
+        relayed = self.core.info.computes_off_cpu
+        channel: Channel[pb.GenerateResponse] = Channel(asyncio.get_running_loop(), relayed)
+        self._worker.submit(lambda: self.core.start_text(request, received_at, channel))
+        async for response in channel:
+            yield response
+
+    async def generate_image(
+        self, request: ImageRequest, received_at: float
+    ) -> AsyncIterator[ImageStep | RenderedImage]:
+        channel: Channel[ImageStep | RenderedImage] = Channel(asyncio.get_running_loop())
+        self._worker.submit(lambda: self.core.start_image(request, received_at, channel))
+        async for item in channel:
+            yield item
+
+    def memory(self) -> MeasuredMemory | None:
+        return None
+
+    async def close(self, reason: str) -> None:
+        try:
+            await self._worker.call(lambda: self.core.close(reason))
+        finally:
+            self._worker.shutdown()

@@ -1,0 +1,337 @@
+"""The front's side of an engine process: start it, talk to it, notice its death.
+
+`EngineProcess.start` runs `python -m service.engine` with one end of a socket
+pair, sends `Load` and waits for the answer. After that a reader task takes
+each batch of events off the socket and hands every event to the request it
+belongs to; a request that stops early sends `Cancel`.
+
+When the socket closes without the front having asked (a signal, an abort, an
+OOM kill), every request in flight ends at once with UNAVAILABLE naming the
+model and the cause, the last lines the engine wrote go to the log, and
+`on_exit` tells the pool, which drops the model.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import json
+import os
+import socket
+import subprocess
+import sys
+import threading
+from collections.abc import AsyncIterator
+from typing import IO
+
+import structlog
+from google.protobuf.message import DecodeError, Message
+
+from inference.engine.v1 import engine_pb2 as epb
+from inference.v1 import inference_pb2 as pb
+from service.engine import wire
+from service.engine.base import EngineCrashed, EngineHooks, EngineInfo, MeasuredMemory
+from service.engine.exit_cause import OutputTail, describe_exit, oom_kill_count
+from service.engine.framing import FrameError, encode, read_message
+from service.engine.measure import GpuMemory, rss_bytes
+from service.engine.options import EngineOptions
+from service.errors import ServiceError, Unavailable
+from service.generation import GenerationRequest
+from service.images.generation import ImageRequest, ImageStep, RenderedImage
+
+log = structlog.get_logger("engine")
+
+# How long a stopping engine may take to free its model before it is killed.
+SHUTDOWN_SECONDS = 30.0
+# How long after its socket closed a dying engine may take to be reaped.
+EXIT_SECONDS = 5.0
+
+_Item = epb.Event | ServiceError
+
+
+class EngineProcess:
+    def __init__(
+        self,
+        options: EngineOptions,
+        process: subprocess.Popen[bytes],
+        connection: tuple[asyncio.StreamReader, asyncio.StreamWriter],
+        output: OutputTail,
+        oom_kills: int | None,
+        hooks: EngineHooks,
+    ) -> None:
+        self._options = options
+        self._process = process
+        self._reader, self._writer = connection
+        self._output = output
+        self._oom_kills = oom_kills
+        self._info = EngineInfo("", 0)
+        self._ids = itertools.count(1)
+        self._requests: dict[int, asyncio.Queue[_Item]] = {}
+        self._running = self._waiting = 0
+        self._closing: str | None = None
+        self._dead: EngineCrashed | Unavailable | None = None
+        self._reading: asyncio.Task[None] | None = None
+        self._gpu = GpuMemory()
+        self._hooks = hooks
+
+    @classmethod
+    async def start(cls, options: EngineOptions, hooks: EngineHooks) -> EngineProcess:
+        """A running engine with the model loaded; the load's error if it failed, or
+        EngineCrashed if the process died loading it."""
+        front_end, engine_end = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+        oom_kills = oom_kill_count()
+        try:
+            process = _spawn(engine_end.fileno())
+        except BaseException:
+            front_end.close()
+            raise
+        finally:
+            engine_end.close()
+        output = OutputTail()
+        _relay_output(process, options.name, output)
+        connection = await asyncio.open_unix_connection(sock=front_end)
+        engine = cls(options, process, connection, output, oom_kills, hooks)
+        try:
+            await engine._load()
+        except BaseException:
+            engine._writer.close()
+            if process.poll() is None:  # cancelled mid-load: it must not outlive its load
+                process.kill()
+                await asyncio.to_thread(process.wait)
+            raise
+        return engine
+
+    async def _load(self) -> None:
+        self._send(epb.ToEngine(load=self._options.to_pb()))
+        answer = await self._next_message()
+        kind = None if answer is None else answer.WhichOneof("message")
+        if answer is not None and kind == "loaded":
+            loaded = answer.loaded
+            self._info = EngineInfo(loaded.backend, loaded.context_length, loaded.computes_off_cpu)
+            self._reading = asyncio.create_task(self._read_events())
+            return
+        if answer is not None and kind == "load_failed":
+            await self._reap()
+            raise wire.error_of(answer.load_failed)
+        cause = describe_exit(await self._reap(), self._oom_kills, oom_kill_count())
+        self._log_death(cause, "while loading")
+        raise EngineCrashed(
+            f"model {self.name!r} could not be loaded: its engine process (pid {self.pid}) "
+            f"ended while loading it: {cause}; retry, or check the model file",
+            cause,
+        )
+
+    # --- what the pool and the RPCs see ---------------------------------------------------
+
+    @property
+    def name(self) -> str:
+        return self._options.name
+
+    @property
+    def info(self) -> EngineInfo:
+        return self._info
+
+    @property
+    def pid(self) -> int | None:
+        return self._process.pid
+
+    @property
+    def running(self) -> int:
+        return self._running
+
+    @property
+    def waiting(self) -> int:
+        return self._waiting
+
+    async def generate(
+        self, request: GenerationRequest, received_at: float
+    ) -> AsyncIterator[pb.GenerateResponse]:
+        request_id = next(self._ids)
+        message = wire.generate_message(request_id, request, received_at)
+        async for event in self._exchange(request_id, message):
+            yield event.text
+
+    async def generate_image(
+        self, request: ImageRequest, received_at: float
+    ) -> AsyncIterator[ImageStep | RenderedImage]:
+        request_id = next(self._ids)
+        message = wire.image_message(request_id, request, received_at)
+        async for event in self._exchange(request_id, message):
+            if event.WhichOneof("event") == "image":
+                yield wire.rendered_image(event.image)
+            else:
+                progress = event.image_progress
+                yield ImageStep(progress.step, progress.total_steps, progress.elapsed_ms)
+
+    def memory(self) -> MeasuredMemory | None:
+        gpu = self._gpu.of(self._process.pid) if self._info.computes_off_cpu else 0
+        return MeasuredMemory(rss_bytes(self._process.pid), gpu)
+
+    async def close(self, reason: str) -> None:
+        """Have the engine end its requests with UNAVAILABLE and `reason` and exit; kill
+        it if it takes longer than SHUTDOWN_SECONDS."""
+        if self._dead is None and self._closing is None:
+            self._closing = reason
+            self._send(epb.ToEngine(shutdown=epb.Shutdown(reason=reason)))
+        reading = self._reading
+        if reading is not None:
+            try:
+                await asyncio.wait_for(asyncio.shield(reading), SHUTDOWN_SECONDS)
+            except TimeoutError:
+                log.warning("engine did not stop; killing it", model=self.name, pid=self.pid)
+                self._process.kill()
+                await reading
+        self._writer.close()
+
+    # --- the socket -------------------------------------------------------------------------
+
+    async def _exchange(self, request_id: int, message: epb.ToEngine) -> AsyncIterator[epb.Event]:
+        """Send one request; yield its events until its end, raising its error."""
+        if self._dead is not None:
+            raise self._dead
+        queue: asyncio.Queue[_Item] = asyncio.Queue()
+        self._requests[request_id] = queue
+        self._send(message)
+        try:
+            while True:
+                item = await queue.get()
+                if isinstance(item, ServiceError):
+                    raise item
+                if item.WhichOneof("event") == "end":
+                    if item.end.code != wire.OK:
+                        raise wire.error_of(item.end)
+                    return
+                yield item
+        finally:
+            # Still registered: it stopped before its end (the client went away).
+            if self._requests.pop(request_id, None) is not None and self._dead is None:
+                self._send(epb.ToEngine(cancel=epb.Cancel(id=request_id)))
+
+    def _send(self, message: Message) -> None:
+        if not self._writer.is_closing():
+            self._writer.write(encode(message))
+
+    async def _next_message(self) -> epb.FromEngine | None:
+        try:
+            return await read_message(self._reader, epb.FromEngine)
+        except (FrameError, DecodeError, OSError) as exc:
+            log.error("unreadable message from engine", model=self.name, error=str(exc))
+            self._process.kill()
+            return None
+
+    async def _read_events(self) -> None:
+        while (message := await self._next_message()) is not None:
+            kind = message.WhichOneof("message")
+            if kind == "events":
+                self._deliver(message.events)
+            elif kind == "model_failed":
+                self._hooks.on_failure(message.model_failed)
+        await self._ended()
+
+    def _deliver(self, batch: epb.EventBatch) -> None:
+        self._running, self._waiting = batch.running, batch.waiting
+        requests = self._requests
+        for event in batch.events:
+            queue = requests.get(event.id)
+            if queue is None:  # it stopped early; these were on their way
+                continue
+            if event.WhichOneof("event") == "end":
+                del requests[event.id]
+            queue.put_nowait(event)
+
+    async def _ended(self) -> None:
+        """The socket closed: the engine exited. End what is in flight, and say why."""
+        cause = describe_exit(await self._reap(), self._oom_kills, oom_kill_count())
+        self._running = self._waiting = 0
+        if self._closing is not None:
+            self._dead = Unavailable(f"{self._closing}; retry")
+        else:
+            self._log_death(cause, "while serving")
+            self._dead = EngineCrashed(
+                f"model {self.name!r} stopped: its engine process (pid {self.pid}) ended: "
+                f"{cause}; the next request starts it afresh, retry",
+                cause,
+            )
+        requests, self._requests = self._requests, {}
+        for queue in requests.values():
+            queue.put_nowait(self._dead)
+        self._writer.close()
+        if self._closing is None:
+            self._hooks.on_exit(cause)
+
+    async def _reap(self) -> int:
+        """The exit status, once the process is gone (killed if it lingers)."""
+        try:
+            return await asyncio.to_thread(self._process.wait, EXIT_SECONDS)
+        except subprocess.TimeoutExpired:
+            self._process.kill()
+            return await asyncio.to_thread(self._process.wait)
+
+    def _log_death(self, cause: str, when: str) -> None:
+        log.error(
+            "engine process died",
+            model=self.name,
+            pid=self.pid,
+            cause=cause,
+            when=when,
+            output=self._output.text(),
+        )
+
+
+def _spawn(fd: int) -> subprocess.Popen[bytes]:
+    """Start an engine on this thread: the kernel's parent-death signal follows the
+    thread that started the child, and the event loop's lives as long as the pool."""
+    command = [
+        sys.executable,
+        "-m",
+        "service.engine",
+        "--fd",
+        str(fd),
+        "--parent",
+        str(os.getpid()),
+    ]
+    return subprocess.Popen(
+        command,
+        pass_fds=(fd,),
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+    )
+
+
+def _relay_output(process: subprocess.Popen[bytes], model: str, tail: OutputTail) -> None:
+    """Copy what the engine writes into our log, keeping the last lines for a crash report.
+
+    Its own log lines are JSON and keep their level; anything else (a native
+    library printing to stderr) is logged as a warning.
+    """
+    stream = process.stdout
+    assert stream is not None  # started with stdout=PIPE
+
+    def relay(stream: IO[bytes]) -> None:
+        with stream:  # ends when the engine exits
+            for raw in stream:
+                line = raw.decode("utf-8", errors="replace").rstrip()
+                if line:
+                    tail.add(line)
+                    _log_engine_line(line, model, process.pid)
+
+    threading.Thread(
+        target=relay, args=(stream,), name=f"engine-output:{model}", daemon=True
+    ).start()
+
+
+def _log_engine_line(line: str, model: str, pid: int) -> None:
+    try:
+        fields = json.loads(line)
+    except ValueError:
+        fields = None
+    if not isinstance(fields, dict):
+        log.warning("engine output", model=model, engine_pid=pid, line=line)
+        return
+    level = str(fields.pop("level", "info"))
+    event = str(fields.pop("event", ""))
+    fields.pop("timestamp", None)
+    fields.setdefault("model", model)
+    emit = getattr(log, level, log.info)
+    emit(event, engine_pid=pid, **fields)

@@ -1,0 +1,237 @@
+"""The engine process: one model, served to the front over a socket.
+
+`python -m service.engine --fd N --parent PID` is started by the front (see
+`service.engine.process`) with one end of a socket pair as fd N. It reads a
+`Load`, loads the model on its worker thread and answers `Loaded` or
+`LoadFailed`; then its main thread reads requests and cancellations while
+the worker thread decodes and writes batches of events, one frame per
+scheduler step.
+
+It never outlives the front: the kernel kills it when the front dies
+(PR_SET_PDEATHSIG), and it exits at once when the socket closes.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import ctypes
+import os
+import signal
+import socket
+import threading
+from collections.abc import Callable, Sequence
+
+import structlog
+from google.protobuf.message import Message
+
+from inference.engine.v1 import engine_pb2 as epb
+from inference.v1 import inference_pb2 as pb
+from service.backends import load_backend
+from service.engine import wire
+from service.engine.core import EngineCore
+from service.engine.framing import BlockingLink
+from service.engine.options import EngineOptions
+from service.images.generation import ImageStep, RenderedImage
+from service.log import configure
+from service.worker import ModelWorker
+
+log = structlog.get_logger("engine")
+
+PR_SET_PDEATHSIG = 1
+
+
+def die_with_parent(parent: int) -> None:
+    """Have the kernel kill this process when the front dies, however it dies."""
+    with contextlib.suppress(OSError, AttributeError):  # not Linux: EOF still ends us
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+    if os.getppid() != parent:  # it died before the line above took effect
+        os._exit(0)
+
+
+class Outgoing:
+    """Events waiting to go to the front; `flush` sends them as one frame."""
+
+    def __init__(self, link: BlockingLink, load: Callable[[], tuple[int, int]]) -> None:
+        self._link = link
+        self._load = load
+        self._events: list[epb.Event] = []
+        self._lock = threading.Lock()
+        self._load_sent = (0, 0)
+
+    def add(self, event: epb.Event) -> None:
+        with self._lock:
+            self._events.append(event)
+
+    def flush(self) -> None:
+        """Send what was added, if anything, or the scheduler's load if it changed.
+
+        Taking and sending under one lock keeps batches in order when the main
+        thread flushes (a refused request) while the worker does.
+        """
+        with self._lock:
+            events, self._events = self._events, []
+            load = self._load()
+            if not events and load == self._load_sent:
+                return
+            self._load_sent = load
+            batch = epb.EventBatch(events=events, running=load[0], waiting=load[1])
+            self.send(epb.FromEngine(events=batch))
+
+    def send(self, message: Message) -> None:
+        try:
+            self._link.send(message)
+        except OSError:  # the front is gone: nothing is listening, and we end with it
+            os._exit(0)
+
+
+class RemoteSink:
+    """One request's results, as events for the front; `cancelled` is set when the
+    front says the client went away."""
+
+    def __init__(self, request_id: int, outgoing: Outgoing, forget: Callable[[int], None]) -> None:
+        self._id = request_id
+        self._outgoing = outgoing
+        self._forget = forget
+        self._cancelled = threading.Event()
+
+    @property
+    def cancelled(self) -> threading.Event:
+        return self._cancelled
+
+    def send(self, item: pb.GenerateResponse | ImageStep | RenderedImage) -> None:
+        event = epb.Event(id=self._id)
+        if isinstance(item, pb.GenerateResponse):
+            event.text.CopyFrom(item)
+        elif isinstance(item, ImageStep):
+            event.image_progress.CopyFrom(item.to_pb().progress)
+        else:
+            event.image.CopyFrom(wire.rendered_image_pb(item))
+        self._outgoing.add(event)
+
+    def close(self, error: BaseException | None = None) -> None:
+        self._forget(self._id)
+        self._outgoing.add(epb.Event(id=self._id, end=wire.status_of(error)))
+
+
+class EngineServer:
+    def __init__(self, link: BlockingLink, options: EngineOptions) -> None:
+        self._link = link
+        self._options = options
+        self._worker = ModelWorker(options.name)
+        self._outgoing = Outgoing(link, self._load)
+        self._sinks: dict[int, RemoteSink] = {}
+        self._core: EngineCore | None = None
+
+    def run(self) -> None:
+        """Load, then serve until the front closes the socket or says to shut down."""
+        if not self._load_model():
+            return
+        for message in self._link.messages(epb.ToEngine):
+            if not self._dispatch(message):
+                return
+
+    def _load_model(self) -> bool:
+        try:
+            backend = self._worker.run(lambda: load_backend(self._options))
+        except Exception as exc:  # the front answers the waiting requests with it
+            self._outgoing.send(epb.FromEngine(load_failed=wire.status_of(exc)))
+            return False
+        self._core = EngineCore(
+            self._options,
+            backend,
+            self._worker,
+            on_failure=self._model_failed,
+            publish=self._outgoing.flush,
+        )
+        info = self._core.info
+        loaded = epb.Loaded(
+            backend=info.backend,
+            context_length=info.context_length,
+            computes_off_cpu=info.computes_off_cpu,
+        )
+        self._outgoing.send(epb.FromEngine(loaded=loaded))
+        return True
+
+    def _dispatch(self, message: epb.ToEngine) -> bool:
+        """Act on one message from the front; False once it said to shut down."""
+        kind = message.WhichOneof("message")
+        if kind == "generate":
+            self._generate(message.generate)
+        elif kind == "generate_image":
+            self._generate_image(message.generate_image)
+        elif kind == "cancel":
+            sink = self._sinks.get(message.cancel.id)
+            if sink is not None:
+                sink.cancelled.set()
+        elif kind == "shutdown":
+            self._shut_down(message.shutdown.reason)
+            return False
+        return True
+
+    def _generate(self, generate: epb.Generate) -> None:
+        sink = self._sink(generate.id)
+        try:
+            request = wire.generation_request(generate)
+        except Exception as exc:  # the front checked it; a mismatch is ours to report
+            sink.close(exc)
+            self._outgoing.flush()
+            return
+        core = self._served()
+        self._worker.submit(lambda: core.start_text(request, generate.received_at, sink))
+
+    def _generate_image(self, image: epb.GenerateImage) -> None:
+        sink = self._sink(image.id)
+        request = wire.image_request(image)
+        core = self._served()
+        self._worker.submit(lambda: core.start_image(request, image.received_at, sink))
+
+    def _sink(self, request_id: int) -> RemoteSink:
+        sink = RemoteSink(request_id, self._outgoing, self._forget)
+        self._sinks[request_id] = sink
+        return sink
+
+    def _forget(self, request_id: int) -> None:
+        self._sinks.pop(request_id, None)
+
+    def _served(self) -> EngineCore:
+        assert self._core is not None  # requests come only after Loaded
+        return self._core
+
+    def _shut_down(self, reason: str) -> None:
+        core = self._served()
+        try:
+            self._worker.run(lambda: core.close(reason))
+        finally:
+            self._outgoing.flush()
+            self._worker.shutdown()
+
+    def _model_failed(self, why: str) -> None:
+        """The library failed inside the model: the front drops it from the pool."""
+        self._outgoing.send(epb.FromEngine(model_failed=why))
+
+    def _load(self) -> tuple[int, int]:
+        core = self._core
+        return (0, 0) if core is None else (core.running, core.waiting)
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="python -m service.engine")
+    parser.add_argument("--fd", type=int, required=True, help="this end of the socket pair")
+    parser.add_argument("--parent", type=int, required=True, help="the front's pid")
+    args = parser.parse_args(argv)
+    die_with_parent(args.parent)
+    # Ctrl-C reaches the front's whole process group, and a service manager's stop
+    # may signal its whole cgroup: the front drains, then tells us when to stop.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    link = BlockingLink(socket.socket(fileno=args.fd))
+    load = link.receive(epb.ToEngine)
+    if load is None or load.WhichOneof("message") != "load":
+        return
+    options = EngineOptions.from_pb(load.load)
+    configure(as_json=True, level=options.log_level)
+    EngineServer(link, options).run()
+    # Daemon threads (the worker, llama.cpp's) must not keep a dying engine alive.
+    os._exit(0)

@@ -1,0 +1,54 @@
+"""Starting a model's engine: in a process of its own (the default) or in the front."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from service.config import Settings
+from service.engine.base import Engine, EngineHooks
+from service.engine.local import LocalEngine
+from service.engine.options import EngineOptions
+from service.engine.process import EngineProcess
+from service.errors import NotSupported
+from service.models.catalog import ModelSpec
+from service.models.pool import EngineStarter
+from service.models.sources import ModelSource
+
+
+def engine_options(spec: ModelSpec, path: Path, backend: str, settings: Settings) -> EngineOptions:
+    """The spec's options, and the server-wide ones an engine applies itself."""
+    return EngineOptions(
+        name=spec.name,
+        backend=backend,
+        path=path,
+        context_size=spec.context_size,
+        threads=spec.threads,
+        gpu_layers=spec.gpu_layers,
+        main_gpu=spec.main_gpu,
+        flash_attention=spec.flash_attention,
+        parallel_sequences=spec.parallel_sequences,
+        cached_sequences=spec.cached_sequences,
+        kv_layout=spec.kv_layout,
+        stream_interval=spec.stream_interval,
+        max_waiting_sequences=settings.max_waiting_sequences,
+        chat_template=spec.chat_template,
+        default_max_tokens=settings.default_max_tokens,
+        max_decode_seconds=settings.max_decode_seconds,
+        log_level=settings.log_level,
+    )
+
+
+def engine_starter(settings: Settings) -> EngineStarter:
+    """What the pool calls to load a model, per --engine-mode."""
+
+    async def start(
+        spec: ModelSpec, source: ModelSource, backend: str, hooks: EngineHooks
+    ) -> Engine:
+        if source.path is None:
+            raise NotSupported(f"model {spec.name!r} is not on local disk")
+        options = engine_options(spec, source.path, backend, settings)
+        if settings.engine_mode == "in-process":
+            return await LocalEngine.start(options, hooks)
+        return await EngineProcess.start(options, hooks)
+
+    return start

@@ -1,0 +1,112 @@
+"""Requests and outcomes in the engine contract's messages (protos/inference/engine).
+
+A request crosses as the client's own message, which the front validated,
+plus what the front computed from it (the compiled grammar, the image seed).
+An outcome crosses as a status code and message: a `ServiceError` keeps its
+code and words; anything else is a bug of ours, logged with its traceback in
+the engine, and the client gets INTERNAL with a generic message.
+"""
+
+from __future__ import annotations
+
+import grpc
+import structlog
+
+from inference.engine.v1 import engine_pb2 as epb
+from inference.v1 import inference_pb2 as pb
+from service import errors
+from service.generation import GenerationLimits, GenerationRequest, Grammar
+from service.images.generation import ImageRequest, RenderedImage
+
+log = structlog.get_logger("engine")
+
+INTERNAL_MESSAGE = "internal error while serving the request; the server log has details"
+
+# The error each status code comes back as on the front.
+_ERRORS: dict[int, type[errors.ServiceError]] = {
+    error.code.value[0]: error
+    for error in (
+        errors.InvalidRequest,
+        errors.ModelNotFound,
+        errors.NotSupported,
+        errors.AccessDenied,
+        errors.Overloaded,
+        errors.Unauthenticated,
+        errors.Unavailable,
+        errors.TimedOut,
+        errors.BackendFailure,
+    )
+}
+OK = grpc.StatusCode.OK.value[0]
+
+
+def status_of(error: BaseException | None) -> epb.Status:
+    if error is None:
+        return epb.Status(code=OK)
+    if isinstance(error, errors.ServiceError):
+        return epb.Status(code=error.code.value[0], message=error.message)
+    log.error("unhandled error", exc_info=error)
+    return epb.Status(code=errors.BackendFailure.code.value[0], message=INTERNAL_MESSAGE)
+
+
+def error_of(status: epb.Status) -> errors.ServiceError:
+    kind = _ERRORS.get(status.code, errors.BackendFailure)
+    return kind(status.message or INTERNAL_MESSAGE)
+
+
+def generate_message(
+    request_id: int, request: GenerationRequest, received_at: float
+) -> epb.ToEngine:
+    if request.message is None:
+        raise ValueError("an engine process serves requests converted from their message")
+    generate = epb.Generate(id=request_id, received_at=received_at, request=request.message)
+    if request.grammar is not None:
+        generate.grammar = request.grammar.text
+        generate.grammar_branches = request.grammar.branches
+    return epb.ToEngine(generate=generate)
+
+
+def generation_request(generate: epb.Generate) -> GenerationRequest:
+    grammar = None
+    if generate.HasField("grammar"):
+        grammar = Grammar(generate.grammar, generate.grammar_branches or 1)
+    # The front enforced the server's limits; the engine takes its word for them.
+    limits = GenerationLimits(max_top_logprobs=generate.request.top_logprobs)
+    return GenerationRequest.from_checked_pb(generate.request, grammar, limits)
+
+
+def image_message(request_id: int, request: ImageRequest, received_at: float) -> epb.ToEngine:
+    message = pb.GenerateImageRequest(
+        model=request.model,
+        prompt=request.prompt,
+        negative_prompt=request.negative_prompt,
+        seed=request.seed,
+    )
+    for name in ("width", "height", "steps", "guidance"):
+        value = getattr(request, name)
+        if value is not None:
+            setattr(message, name, value)
+    image = epb.GenerateImage(id=request_id, received_at=received_at, request=message)
+    return epb.ToEngine(generate_image=image)
+
+
+def image_request(image: epb.GenerateImage) -> ImageRequest:
+    message = image.request
+    return ImageRequest(
+        model=message.model,
+        prompt=message.prompt,
+        negative_prompt=message.negative_prompt,
+        width=message.width if message.HasField("width") else None,
+        height=message.height if message.HasField("height") else None,
+        steps=message.steps if message.HasField("steps") else None,
+        guidance=message.guidance if message.HasField("guidance") else None,
+        seed=message.seed,
+    )
+
+
+def rendered_image_pb(image: RenderedImage) -> epb.RenderedImage:
+    return epb.RenderedImage(png=image.png, width=image.width, height=image.height)
+
+
+def rendered_image(message: epb.RenderedImage) -> RenderedImage:
+    return RenderedImage(message.png, message.width, message.height)

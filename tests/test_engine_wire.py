@@ -1,0 +1,116 @@
+"""The engine contract's encoding: frames, requests and outcomes survive the crossing."""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+import struct
+
+import grpc
+import pytest
+
+from inference.engine.v1 import engine_pb2 as epb
+from inference.v1 import inference_pb2 as pb
+from service import errors
+from service.engine import wire
+from service.engine.framing import BlockingLink, FrameError, encode, read_message
+from service.engine.options import EngineOptions
+from service.generation import GenerationRequest
+from service.images.generation import ImageLimits, ImageRequest
+
+ERRORS = [
+    errors.InvalidRequest,
+    errors.ModelNotFound,
+    errors.NotSupported,
+    errors.AccessDenied,
+    errors.Overloaded,
+    errors.Unavailable,
+    errors.TimedOut,
+    errors.BackendFailure,
+]
+
+
+@pytest.mark.parametrize("kind", ERRORS, ids=lambda kind: kind.__name__)
+def test_a_service_error_keeps_its_status_and_words(kind: type[errors.ServiceError]) -> None:
+    back = wire.error_of(wire.status_of(kind("the model's cache is full")))
+    assert type(back) is kind
+    assert back.message == "the model's cache is full"
+
+
+def test_a_bug_crosses_as_internal_with_a_generic_message() -> None:
+    status = wire.status_of(TypeError("secret detail"))
+    assert status.code == grpc.StatusCode.INTERNAL.value[0]
+    assert "secret detail" not in status.message
+    assert wire.error_of(status).code == grpc.StatusCode.INTERNAL
+
+
+def test_a_clean_end_is_ok() -> None:
+    assert wire.status_of(None).code == wire.OK
+
+
+def test_a_generation_request_crosses_with_its_grammar_compiled_once() -> None:
+    message = pb.GenerateRequest(
+        model="m",
+        messages=[pb.ChatMessage(role="user", content="Name a colour.")],
+        max_tokens=5,
+        temperature=0.5,
+        stop=["\n"],
+        response_format=pb.ResponseFormat(json_schema='{"type": "string", "maxLength": 8}'),
+        logprobs=True,
+        top_logprobs=3,
+    )
+    request = GenerationRequest.from_pb(message)
+    assert request.grammar is not None
+    crossed = wire.generation_request(wire.generate_message(7, request, 12.5).generate)
+    assert crossed == request
+    assert crossed.grammar == request.grammar
+
+
+def test_an_image_request_crosses_with_its_seed() -> None:
+    limits = ImageLimits(1024, 1024, 50)
+    request = ImageRequest.from_pb(
+        pb.GenerateImageRequest(model="tiny-sd", prompt="a fox", width=64), limits
+    )
+    crossed = wire.image_request(wire.image_message(3, request, 1.0).generate_image)
+    assert crossed == request
+
+
+def test_engine_options_cross_whole() -> None:
+    options = EngineOptions(
+        name="m", backend="llama.cpp", path=__import__("pathlib").Path("/m.gguf"),
+        context_size=512, threads=2, gpu_layers=0, kv_layout="per-sequence",
+        chat_template="{{ messages }}", max_decode_seconds=None,
+    )  # fmt: skip
+    assert EngineOptions.from_pb(options.to_pb()) == options
+
+
+def test_frames_cross_a_socket_in_order() -> None:
+    engine_end, front_end = socket.socketpair()
+    link = BlockingLink(engine_end)
+    batch = epb.EventBatch(events=[epb.Event(id=n) for n in range(3)], running=2)
+    link.send(epb.FromEngine(events=batch))
+    link.send(epb.FromEngine(model_failed="gone"))
+    link.close()
+
+    async def read_all() -> list[epb.FromEngine]:
+        reader, writer = await asyncio.open_unix_connection(sock=front_end)
+        messages = []
+        while (message := await read_message(reader, epb.FromEngine)) is not None:
+            messages.append(message)
+        writer.close()
+        return messages
+
+    first, second = asyncio.run(read_all())
+    assert [event.id for event in first.events.events] == [0, 1, 2]
+    assert second.model_failed == "gone"
+
+
+def test_a_frame_longer_than_any_we_send_is_refused() -> None:
+    async def read() -> None:
+        reader = asyncio.StreamReader()
+        reader.feed_data(struct.pack(">I", 0xFFFFFFFF))
+        await read_message(reader, epb.FromEngine)
+
+    with pytest.raises(FrameError):
+        asyncio.run(read())
+    assert len(encode(epb.ToEngine(cancel=epb.Cancel(id=1)))) > 4
