@@ -15,7 +15,7 @@ import numpy as np
 from llama_cpp import Llama
 
 from bench.server import Run, rate
-from service.models.memory import cells_per_sequence
+from service.memory import cells_per_sequence
 
 
 @llama_cpp.llama_log_callback  # type: ignore[untyped-decorator]

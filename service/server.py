@@ -30,11 +30,12 @@ from service.images.external import CommandResolver
 from service.images.generation import ImageLimits
 from service.limits import RequestLimits
 from service.log import configure_logging
+from service.memory import default_budget_bytes
 from service.metrics import Metrics
+from service.model_source import ModelSource
 from service.models.catalog import Catalog
-from service.models.memory import default_budget_bytes
 from service.models.pool import ModelPool, PoolLimits
-from service.models.sources import ModelSource, SourceResolver
+from service.models.sources import SourceResolver
 from service.offload import Offload
 from service.overload import ConcurrencyGate
 from service.registration import add_inference_service

@@ -9,16 +9,16 @@ from collections.abc import AsyncIterator
 from inference.v1 import inference_pb2 as pb
 from inference.v1 import inference_pb2_grpc as pb_grpc
 from service.admission import Capability, Decision
-from service.admission.report import AdmissionReport
 from service.auth import BearerAuth
 from service.errors import InvalidRequest
 from service.generation import FinishReason, GenerationLimits, GenerationRequest
 from service.image_generation import ImageGenerator
 from service.images.generation import ImageDone, ImageLimits, ImageRequest
 from service.limits import RequestLimits
+from service.memory import MemoryNeed
 from service.metrics import Metrics
+from service.models.admit_report import AdmissionReport
 from service.models.catalog import ModelSpec
-from service.models.memory import MemoryNeed
 from service.models.pool import LoadedModel, ModelPool, memory_need
 from service.models.sources import check_model_name
 from service.offload import Offload

@@ -15,11 +15,11 @@ import pytest
 
 from service.admission import Capability, Decision, decide, gates
 from service.admission.describe import describe_gguf
-from service.admission.report import AdmissionReport
+from service.memory import MemoryNeed, offloaded_share
+from service.model_source import ModelSource
+from service.models.admit_report import AdmissionReport
 from service.models.catalog import ModelSpec
-from service.models.memory import MemoryNeed, offloaded_share
 from service.models.pool import LoadedModel, ModelPool, PoolLimits, memory_need
-from service.models.sources import ModelSource
 from tests.fixtures import Q, write_gguf_header
 
 GiB = 1024**3

@@ -21,8 +21,8 @@ import gguf
 import pytest
 
 from service.admission import Capability, Decision, decide, describe
+from service.model_source import ModelSource
 from service.models.embedded import EMBEDDED_MODELS
-from service.models.sources import ModelSource
 from tests import gguf_mutations as gm
 from tests.conftest import GEMMA, SMOLLM
 from tests.fixtures import Q, write_checkpoint, write_gguf_header

@@ -29,9 +29,9 @@ from service.config import ModelConfig, Settings
 from service.decode.loop import SequenceDecoder
 from service.engine import core
 from service.engine.local import LocalEngine
+from service.model_source import ModelSource
 from service.models.embedded import EMBEDDED_MODELS
 from service.models.pool import ModelPool
-from service.models.sources import ModelSource
 from service.rpc import INTERNAL_MESSAGE
 from tests.conftest import (
     GEMMA,

@@ -31,8 +31,8 @@ from service.admission.gates import (
     llama_cpp_refusal,
     mlx_lm_refusal,
 )
-from service.models.memory import MemoryNeed, offloaded_share
-from service.models.sources import ModelSource
+from service.memory import MemoryNeed, offloaded_share
+from service.model_source import ModelSource
 
 
 class Capability(enum.Enum):

@@ -42,7 +42,7 @@ from service.admission.quantization import (
     from_gguf_type_name,
 )
 from service.errors import excerpt
-from service.models.memory import cells_per_sequence
+from service.memory import cells_per_sequence
 
 KV_BYTES_PER_VALUE = 2  # f16 K and V caches, the default of both backends
 # config.json and model_index.json are a few KB; a larger one is not a config.

@@ -39,7 +39,7 @@ from service.backends.logprobs import token_logprob
 from service.engine.options import FlashAttention, KvLayout
 from service.errors import BackendFailure
 from service.generation import SamplingDefaults
-from service.models.memory import cells_per_sequence
+from service.memory import cells_per_sequence
 
 BACKEND_NAME = "llama.cpp"
 

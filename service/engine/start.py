@@ -10,9 +10,9 @@ from service.engine.local import LocalEngine
 from service.engine.options import EngineOptions
 from service.engine.process import EngineProcess
 from service.errors import NotSupported
+from service.model_source import ModelSource
 from service.models.catalog import ModelSpec
 from service.models.pool import EngineStarter
-from service.models.sources import ModelSource
 
 
 def engine_options(spec: ModelSpec, path: Path, backend: str, settings: Settings) -> EngineOptions:

@@ -10,8 +10,9 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 
 from service.config import FlashAttention, KvLayout, ModelConfig, Settings
+from service.model_source import ModelSource
 from service.models.embedded import EMBEDDED_MODELS, EmbeddedModel
-from service.models.sources import ModelSource, SourceResolver, check_model_name
+from service.models.sources import SourceResolver, check_model_name
 
 
 @dataclass(frozen=True)

@@ -43,9 +43,9 @@ from service.backends.names import LLAMA_CPP
 from service.engine.base import Engine, EngineCrashed, EngineHooks
 from service.engine.crash_backoff import CrashHistory
 from service.errors import NotSupported, Overloaded
+from service.memory import MemoryNeed, format_bytes
+from service.model_source import ModelSource
 from service.models.catalog import Catalog, ModelSpec
-from service.models.memory import MemoryNeed, format_bytes
-from service.models.sources import ModelSource
 
 log = structlog.get_logger("pool")
 

@@ -27,17 +27,15 @@ from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Literal
 
 from huggingface_hub import snapshot_download
 from huggingface_hub.errors import HFValidationError, LocalEntryNotFoundError
 from huggingface_hub.file_download import repo_folder_name
 
 from service.errors import AccessDenied, InvalidRequest, ModelNotFound, ServiceError, excerpt
+from service.model_source import HubReference, ModelSource, SourceKind
 from service.models import confine
 from service.models.confine import Found, LeadsOutside, TooLarge
-
-SourceKind = Literal["gguf", "checkpoint", "diffusers", "unknown"]
 
 # Long enough for any path under a models dir and any `owner/name@revision:file`
 # reference, short enough that a name costs nothing to check or to quote.
@@ -64,34 +62,6 @@ def check_model_name(name: str) -> None:
         )
     if _CONTROL.search(name):
         raise InvalidRequest(f"a model name may not hold control characters: {excerpt(name)}")
-
-
-@dataclass(frozen=True)
-class HubReference:
-    repo_id: str
-    revision: str | None = None
-    file: str | None = None  # a file name, or a quantization tag such as Q4_K_M
-
-    def __str__(self) -> str:
-        text = self.repo_id
-        if self.revision:
-            text += f"@{self.revision}"
-        return text + (f":{self.file}" if self.file else "")
-
-
-@dataclass(frozen=True)
-class ModelSource:
-    kind: SourceKind
-    # The .gguf file or checkpoint directory; None while a hub model is not in the cache.
-    path: Path | None
-    hub: HubReference | None = None
-
-    @property
-    def available_locally(self) -> bool:
-        return self.path is not None
-
-    def describe(self) -> str:
-        return f"hf:{self.hub}" if self.hub else str(self.path)
 
 
 @dataclass(frozen=True)

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from inference.v1 import inference_pb2 as pb
 from service.admission import Decision
 from service.engine.base import MeasuredMemory
-from service.models.memory import MemoryNeed
+from service.memory import MemoryNeed
 from service.models.pool import Plan, PoolLimits, too_big
 
 
