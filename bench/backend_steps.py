@@ -20,7 +20,7 @@ from bench.generate import short_prompt
 from service.backends.base import ActiveSequence, SequenceRequest
 from service.backends.llama_cpp import LlamaCppBackend, LlamaCppOptions
 from service.config import available_cores
-from service.generation import SamplingParams
+from service.text.requests import SamplingParams
 
 GREEDY = SamplingParams(temperature=0, top_p=1, top_k=0, min_p=0, repeat_penalty=1, seed=0)
 

@@ -25,7 +25,7 @@ from jinja2 import nodes
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
 from service.errors import InvalidRequest, NotSupported, excerpt
-from service.generation import ChatMessage, Tool
+from service.text.requests import ChatMessage, Tool
 
 
 class _TemplateRejected(Exception):

@@ -22,7 +22,7 @@ from prometheus_client.core import (
 from prometheus_client.registry import Collector
 
 from inference.v1 import inference_pb2 as pb
-from service.images.generation import ImageDone
+from service.images.requests import ImageDone
 from service.models.pool import LoadedModel, ModelPool
 from service.overload import ConcurrencyGate
 

@@ -24,10 +24,9 @@ from service.admission import Capability, Decision, decide
 from service.auth import BearerAuth
 from service.config import Settings, load_settings
 from service.engine.start import engine_starter
-from service.generation import GenerationLimits
-from service.image_generation import ImageGenerator
 from service.images.external import CommandResolver
-from service.images.generation import ImageLimits
+from service.images.generator import ImageGenerator
+from service.images.requests import ImageLimits
 from service.limits import RequestLimits
 from service.log import configure_logging
 from service.memory import default_budget_bytes
@@ -40,7 +39,8 @@ from service.offload import Offload
 from service.overload import ConcurrencyGate
 from service.registration import add_inference_service
 from service.servicer import InferenceServicer
-from service.text_generation import TextGenerator
+from service.text.generator import TextGenerator
+from service.text.requests import GenerationLimits
 from service.transport import server_credentials, server_options
 
 log = structlog.get_logger("server")

@@ -11,9 +11,8 @@ from inference.v1 import inference_pb2_grpc as pb_grpc
 from service.admission import Capability, Decision
 from service.auth import BearerAuth
 from service.errors import InvalidRequest
-from service.generation import FinishReason, GenerationLimits, GenerationRequest
-from service.image_generation import ImageGenerator
-from service.images.generation import ImageDone, ImageLimits, ImageRequest
+from service.images.generator import ImageGenerator
+from service.images.requests import ImageDone, ImageLimits, ImageRequest
 from service.limits import RequestLimits
 from service.memory import MemoryNeed
 from service.metrics import Metrics
@@ -24,7 +23,8 @@ from service.models.sources import check_model_name
 from service.offload import Offload
 from service.overload import ConcurrencyGate
 from service.rpc import Summary, stream_rpc, unary_rpc
-from service.text_generation import TextGenerator
+from service.text.generator import TextGenerator
+from service.text.requests import FinishReason, GenerationLimits, GenerationRequest
 
 
 class InferenceServicer(pb_grpc.InferenceServicer):

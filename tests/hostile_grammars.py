@@ -473,7 +473,7 @@ def _sequence_starter(vocab_path: str | None) -> Any:
     import llama_cpp
 
     from service.backends.llama_sampling import SamplerChain
-    from service.generation import Grammar, SamplingParams
+    from service.text.requests import Grammar, SamplingParams
 
     params = llama_cpp.llama_model_default_params()
     params.vocab_only = True

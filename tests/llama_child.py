@@ -24,7 +24,7 @@ resource.setrlimit(resource.RLIMIT_AS, (8 << 30, 8 << 30))
 
 from service.backends.base import SequenceRequest
 from service.backends.llama_cpp import LlamaCppBackend, LlamaCppOptions
-from service.generation import SamplingParams
+from service.text.requests import SamplingParams
 
 OPTIONS = LlamaCppOptions(
     context_size=256, threads=1, max_sequences=1, cached_sequences=0, batch_size=32,

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from inference.v1 import inference_pb2 as pb
 from service.decode.chunking import StreamChunker, merged
-from service.generation import Delta, Finished, FinishReason, Timing, TokenLogprob, Usage
+from service.text.requests import Delta, Finished, FinishReason, Timing, TokenLogprob, Usage
 from tests.conftest import collect, finished_of, make_settings, serving, text_of
 
 

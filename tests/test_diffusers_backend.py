@@ -24,7 +24,7 @@ from service.backends.diffusers_pipeline import (
 )
 from service.errors import BackendFailure, NotSupported
 from service.images.backend import GenerationCancelled
-from service.images.generation import ImageRequest, RenderedImage
+from service.images.requests import ImageRequest, RenderedImage
 from tests.tiny_pipeline import build_tiny_sd_pipeline
 
 OPTIONS = DiffusersOptions(threads=2)

@@ -15,8 +15,8 @@ from service import errors
 from service.engine import wire
 from service.engine.framing import BlockingLink, FrameError, encode, read_message
 from service.engine.options import EngineOptions
-from service.generation import GenerationRequest
-from service.images.generation import ImageLimits, ImageRequest
+from service.images.requests import ImageLimits, ImageRequest
+from service.text.requests import GenerationRequest
 
 ERRORS = [
     errors.InvalidRequest,

@@ -18,7 +18,7 @@ from inference.v1 import inference_pb2 as pb
 from inference.v1 import inference_pb2_grpc as pb_grpc
 from service.config import ModelConfig
 from service.images.external import ExternalRoute, ImageCommand, command_line
-from service.images.generation import ImageRequest
+from service.images.requests import ImageRequest
 from tests.conftest import make_settings, serving
 
 STUB = Path(__file__).with_name("mflux_stub.py")

@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 
 from inference.v1 import inference_pb2 as pb
-from service.decode.loop import fit_max_tokens
+from service.decode.sequence import fit_max_tokens
 from service.errors import InvalidRequest
-from service.generation import (
+from service.text.requests import (
     Delta,
     GenerationLimits,
     GenerationRequest,

@@ -8,7 +8,7 @@ import pytest
 
 from service.decode.grammar import check_grammar, grammar_from_json_schema, resolve_grammar
 from service.errors import InvalidRequest
-from service.generation import Grammar
+from service.text.requests import Grammar
 
 PERSON = {
     "type": "object",

@@ -14,8 +14,8 @@ from service.backends.base import SequenceRequest
 from service.backends.llama_cpp import LlamaCppBackend, LlamaCppOptions, LlamaSequence
 from service.backends.llama_log import captured_native_log
 from service.errors import InvalidRequest
-from service.generation import Grammar, SamplingParams
 from service.models.embedded import EMBEDDED_MODELS
+from service.text.requests import Grammar, SamplingParams
 from tests.conftest import SMOLLM
 
 # Every low-level name the backend calls; they move between releases.

@@ -20,10 +20,10 @@ from mlx_lm.utils import load
 from service.backends.base import SequenceRequest
 from service.backends.mlx_lm import BACKEND_NAME, MlxLmBackend, MlxLmOptions
 from service.chat_template import render_chat
-from service.decode.loop import DecodeEvent, DecodePlan, SequenceDecoder
 from service.decode.scheduler import OneAtATime
+from service.decode.sequence import DecodeEvent, DecodePlan, SequenceDecoder
 from service.errors import BackendFailure, NotSupported
-from service.generation import (
+from service.text.requests import (
     ChatMessage,
     Delta,
     Finished,

@@ -26,7 +26,7 @@ from service import rpc
 from service.admission import Capability, decide
 from service.backends.llama_cpp import LlamaCppBackend
 from service.config import ModelConfig, Settings
-from service.decode.loop import SequenceDecoder
+from service.decode.sequence import SequenceDecoder
 from service.engine import core
 from service.engine.local import LocalEngine
 from service.model_source import ModelSource

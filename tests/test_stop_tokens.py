@@ -18,9 +18,9 @@ from inference.v1 import inference_pb2 as pb
 from inference.v1 import inference_pb2_grpc as pb_grpc
 from service.backends.base import TextBackend
 from service.decode.chunking import StreamChunker
-from service.decode.loop import DecodeEvent, DecodePlan, SequenceDecoder
+from service.decode.sequence import DecodeEvent, DecodePlan, SequenceDecoder
 from service.decode.text import MAX_UNIT_TOKENS, Released, TextAssembler
-from service.generation import Delta, Finished, FinishReason, SamplingParams, TokenLogprob
+from service.text.requests import Delta, Finished, FinishReason, SamplingParams, TokenLogprob
 from tests.conftest import GEMMA, collect, finished_of, make_settings, serving, text_of
 
 END = -1  # the end-of-generation token of the vocabulary below

@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from service.generation import Finished, FinishReason, Timing, Usage
+from service.text.requests import Finished, FinishReason, Timing, Usage
 from service.tools import ParsedCalls, parser_for_template, with_tool_calls
 from service.tools.function_gemma import FunctionGemmaParser
 from service.tools.gemma import GemmaParser

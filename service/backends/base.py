@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
 
 from service.errors import ServiceError
-from service.generation import Grammar, SamplingDefaults, SamplingParams, TokenLogprob
+from service.text.requests import Grammar, SamplingDefaults, SamplingParams, TokenLogprob
 
 
 @dataclass

@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 from service.backends.failure import load_refused
 from service.errors import BackendFailure, NotSupported
 from service.images.backend import GenerationCancelled, ProgressCallback
-from service.images.generation import ImageRequest, RenderedImage
+from service.images.requests import ImageRequest, RenderedImage
 
 # DiffusionPipeline from its own module: through diffusers' top level, mypy sees
 # the placeholder class that stands in when torch is missing.

@@ -38,8 +38,8 @@ from service.backends.llama_sampling import SamplerChain, SamplingRefused
 from service.backends.logprobs import token_logprob
 from service.engine.options import FlashAttention, KvLayout
 from service.errors import BackendFailure
-from service.generation import SamplingDefaults
 from service.memory import cells_per_sequence
+from service.text.requests import SamplingDefaults
 
 BACKEND_NAME = "llama.cpp"
 

@@ -29,7 +29,7 @@ import numpy as np
 
 from service.backends.llama_log import captured_parser_output
 from service.errors import InvalidRequest
-from service.generation import Grammar, SamplingParams
+from service.text.requests import Grammar, SamplingParams
 
 # A token given by its id in a grammar: <[1234]>, or !<[1234]> for "any but".
 _TOKEN_ID = re.compile(r"<\[(\d+)\]>")

@@ -7,7 +7,7 @@ from collections.abc import Callable
 import numpy as np
 import numpy.typing as npt
 
-from service.generation import TokenLogprob, TopLogprob
+from service.text.requests import TokenLogprob, TopLogprob
 
 
 def token_logprob(

@@ -35,7 +35,7 @@ from mlx_lm.utils import load
 from service.backends.base import TokenStream, common_prefix_length
 from service.backends.failure import load_refused
 from service.errors import BackendFailure
-from service.generation import SamplingDefaults, SamplingParams
+from service.text.requests import SamplingDefaults, SamplingParams
 
 BACKEND_NAME = "mlx-lm"
 

@@ -12,8 +12,8 @@ flushes whatever is held before the final event.
 
 from __future__ import annotations
 
-from service.decode.loop import DecodeEvent
-from service.generation import Delta
+from service.decode.sequence import DecodeEvent
+from service.text.requests import Delta
 
 
 def merged(deltas: list[Delta]) -> Delta:

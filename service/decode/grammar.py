@@ -36,7 +36,7 @@ from service.decode.grammar_limits import (
 from service.decode.schema_converter import schema_to_gbnf
 from service.decode.schema_limits import WHAT, check_json_depth, check_schema
 from service.errors import InvalidRequest, excerpt
-from service.generation import Grammar
+from service.text.requests import Grammar
 
 MAX_GRAMMAR_CHARS = 64 * 1024
 MAX_JSON_SCHEMA_CHARS = 64 * 1024

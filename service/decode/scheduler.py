@@ -44,7 +44,7 @@ from service.backends.base import (
 )
 from service.backends.failure import RELOADING, library_failure
 from service.decode.chunking import StreamChunker
-from service.decode.loop import DecodeEvent, DecodePlan, SequenceDecoder
+from service.decode.sequence import DecodeEvent, DecodePlan, SequenceDecoder
 from service.errors import NotSupported, Overloaded, ServiceError, Unavailable
 from service.worker import EventSink
 

@@ -8,8 +8,8 @@ from typing import Protocol
 
 from inference.v1 import inference_pb2 as pb
 from service.errors import Unavailable
-from service.generation import GenerationRequest
-from service.images.generation import ImageRequest, ImageStep, RenderedImage
+from service.images.requests import ImageRequest, ImageStep, RenderedImage
+from service.text.requests import GenerationRequest
 
 
 class EngineCrashed(Unavailable):

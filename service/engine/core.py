@@ -25,14 +25,14 @@ from service.backends.base import TextBackend
 from service.backends.failure import RELOADING, library_failure
 from service.backends.names import DIFFUSERS
 from service.chat_template import render_chat
-from service.decode.loop import DecodeEvent, DecodePlan, fit_max_tokens
 from service.decode.scheduler import DecodeScheduler
+from service.decode.sequence import DecodeEvent, DecodePlan, fit_max_tokens
 from service.engine.base import EngineInfo
 from service.engine.options import EngineOptions
 from service.errors import NotSupported, ServiceError, Unavailable
-from service.generation import Finished, GenerationRequest, Started
 from service.images.backend import GenerationCancelled, ImageBackend
-from service.images.generation import ImageRequest, ImageStep, RenderedImage
+from service.images.requests import ImageRequest, ImageStep, RenderedImage
+from service.text.requests import Finished, GenerationRequest, Started
 from service.tools.base import ToolCallParser
 from service.tools.conventions import parser_for_template, with_tool_calls
 from service.worker import EventSink, ModelWorker

@@ -12,8 +12,8 @@ from service.backends import load_backend
 from service.engine.base import EngineHooks, EngineInfo, MeasuredMemory
 from service.engine.core import EngineCore
 from service.engine.options import EngineOptions
-from service.generation import GenerationRequest
-from service.images.generation import ImageRequest, ImageStep, RenderedImage
+from service.images.requests import ImageRequest, ImageStep, RenderedImage
+from service.text.requests import GenerationRequest
 from service.worker import Channel, ModelWorker
 
 

@@ -36,8 +36,8 @@ from service.engine.framing import FrameError, encode, read_message
 from service.engine.measure import GpuMemory, rss_bytes
 from service.engine.options import EngineOptions
 from service.errors import ServiceError, Unavailable
-from service.generation import GenerationRequest
-from service.images.generation import ImageRequest, ImageStep, RenderedImage
+from service.images.requests import ImageRequest, ImageStep, RenderedImage
+from service.text.requests import GenerationRequest
 
 log = structlog.get_logger("engine")
 

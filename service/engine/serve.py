@@ -32,7 +32,7 @@ from service.engine import wire
 from service.engine.core import EngineCore
 from service.engine.framing import BlockingLink
 from service.engine.options import EngineOptions
-from service.images.generation import ImageStep, RenderedImage
+from service.images.requests import ImageStep, RenderedImage
 from service.log import configure
 from service.worker import ModelWorker
 

@@ -15,8 +15,8 @@ import structlog
 from inference.engine.v1 import engine_pb2 as epb
 from inference.v1 import inference_pb2 as pb
 from service import errors
-from service.generation import GenerationLimits, GenerationRequest, Grammar
-from service.images.generation import ImageRequest, RenderedImage
+from service.images.requests import ImageRequest, RenderedImage
+from service.text.requests import GenerationLimits, GenerationRequest, Grammar
 
 log = structlog.get_logger("engine")
 

@@ -6,7 +6,7 @@ import threading
 from collections.abc import Callable
 from typing import Protocol
 
-from service.images.generation import ImageRequest, RenderedImage
+from service.images.requests import ImageRequest, RenderedImage
 
 # Called after each denoising step with (step, total_steps), steps counted from 1.
 ProgressCallback = Callable[[int, int], None]

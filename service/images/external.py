@@ -31,7 +31,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from service.errors import BackendFailure, NotSupported, TimedOut
-from service.images.generation import ImageRequest, ImageStep, RenderedImage
+from service.images.requests import ImageRequest, ImageStep, RenderedImage
 
 BACKEND_NAME = "mflux"
 PROBE_TIMEOUT = 60.0

@@ -7,7 +7,7 @@ import secrets
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from service.generation import ToolCall
+from service.text.requests import ToolCall
 
 
 @dataclass(frozen=True)

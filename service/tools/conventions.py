@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from service.generation import Finished, FinishReason
+from service.text.requests import Finished, FinishReason
 from service.tools.base import ParsedCalls, ToolCallParser
 from service.tools.function_gemma import FunctionGemmaParser
 from service.tools.gemma import GemmaParser

@@ -21,7 +21,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from service.generation import ToolCall
+from service.text.requests import ToolCall
 from service.tools.base import ParsedCalls, assemble, find_blocks, make_call
 
 OPEN, CLOSE = "<start_function_call>", "<end_function_call>"

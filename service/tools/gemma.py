@@ -26,7 +26,7 @@ import json
 import re
 from typing import Any
 
-from service.generation import ToolCall
+from service.text.requests import ToolCall
 from service.tools.base import ParsedCalls, make_call
 
 _FENCE = re.compile(r"\A```[A-Za-z_]*[ \t]*\n(?P<body>.*?)\n?```\Z", re.DOTALL)

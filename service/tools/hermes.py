@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import json
 
-from service.generation import ToolCall
+from service.text.requests import ToolCall
 from service.tools.base import ParsedCalls, assemble, find_blocks, make_call
 
 OPEN, CLOSE = "<tool_call>", "</tool_call>"

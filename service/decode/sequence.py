@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from service.backends.base import TextBackend
 from service.decode.text import Released, TextAssembler
 from service.errors import InvalidRequest
-from service.generation import (
+from service.text.requests import (
     Delta,
     Finished,
     FinishReason,

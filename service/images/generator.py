@@ -21,7 +21,7 @@ from service.config import Settings
 from service.errors import NotSupported
 from service.images.external import BACKEND_NAME as EXTERNAL
 from service.images.external import CommandResolver, ExternalRoute, run_external
-from service.images.generation import ImageDone, ImageEvent, ImageRequest, ImageStep, RenderedImage
+from service.images.requests import ImageDone, ImageEvent, ImageRequest, ImageStep, RenderedImage
 from service.models.pool import ModelPool
 
 log = structlog.get_logger("images")

@@ -12,8 +12,8 @@ from collections.abc import AsyncIterator
 
 from inference.v1 import inference_pb2 as pb
 from service.admission import Capability
-from service.generation import GenerationRequest
 from service.models.pool import ModelPool
+from service.text.requests import GenerationRequest
 
 
 class TextGenerator:
