@@ -1,6 +1,6 @@
 """The one compiled piece; everything else about the package is in pyproject.toml.
 
-llama.cpp's log filter (service/backends/llama_log.py says why it is C): a plain
+llama.cpp's log filter (service/backends/llama_cpp/log.py says why it is C): a plain
 shared library loaded with ctypes, so it needs a C compiler but no Python headers.
 It is optional: where it cannot be built, a filter in Python does the same work.
 """

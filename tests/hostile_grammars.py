@@ -472,7 +472,7 @@ def _sequence_starter(vocab_path: str | None) -> Any:
         return None
     import llama_cpp
 
-    from service.backends.llama_sampling import SamplerChain
+    from service.backends.llama_cpp.sampling import SamplerChain
     from service.text.requests import Grammar, SamplingParams
 
     params = llama_cpp.llama_model_default_params()

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from service.backends.argmax import RowArgmax
+from service.backends.llama_cpp.argmax import RowArgmax
 
 
 @pytest.mark.parametrize(("rows", "vocab"), [(1, 50), (3, 1000), (37, 262144)])

@@ -17,7 +17,7 @@ from llama_cpp import llama_grammar
 
 from inference.v1 import inference_pb2 as pb
 from inference.v1 import inference_pb2_grpc as pb_grpc
-from service.backends.llama_log import captured_parser_output
+from service.backends.llama_cpp.log import captured_parser_output
 from service.decode import grammar as grammar_module
 from service.decode.grammar import (
     MAX_GRAMMAR_CHARS,

@@ -13,7 +13,7 @@ import pytest
 
 from inference.v1 import inference_pb2 as pb
 from inference.v1 import inference_pb2_grpc as pb_grpc
-from service.backends import llama_sampling
+from service.backends.llama_cpp import sampling as llama_sampling
 from tests.conftest import GEMMA, SMOLLM, collect, finished_of, make_settings, serving
 from tests.server_process import server_process, wait_until_serving
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from service.backends.kv_slots import SlotTable
+from service.backends.llama_cpp.kv_slots import SlotTable
 
 
 def started(table: SlotTable, prompt: list[int], max_tokens: int = 4) -> int:

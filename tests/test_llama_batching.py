@@ -11,8 +11,8 @@ import llama_cpp
 import pytest
 
 from service.backends.base import SequenceRequest
-from service.backends.llama_cpp import LlamaCppBackend, LlamaCppOptions, LlamaSequence
-from service.backends.llama_log import captured_native_log
+from service.backends.llama_cpp.backend import LlamaCppBackend, LlamaCppOptions, LlamaSequence
+from service.backends.llama_cpp.log import captured_native_log
 from service.errors import InvalidRequest
 from service.models.embedded import EMBEDDED_MODELS
 from service.text.requests import Grammar, SamplingParams

@@ -6,8 +6,8 @@ from typing import Any
 import llama_cpp
 import structlog.testing
 
-from service.backends import llama_log
-from service.backends.llama_log import GGML_LOG_DEBUG, GGML_LOG_ERROR, GGML_LOG_WARN
+from service.backends.llama_cpp import log as llama_log
+from service.backends.llama_cpp.log import GGML_LOG_DEBUG, GGML_LOG_ERROR, GGML_LOG_WARN
 
 _GGML_LOG_INFO, _GGML_LOG_CONT = 2, 5
 

@@ -10,7 +10,7 @@ import llama_cpp
 import pytest
 
 from inference.v1 import inference_pb2 as pb
-from service.backends.llama_log import recorded_native_errors
+from service.backends.llama_cpp.log import recorded_native_errors
 from service.models.embedded import EMBEDDED_MODELS
 from tests.conftest import collect, finished_of, make_settings, serving
 from tests.gguf_mutations import F64, Template, hparam, write

@@ -31,7 +31,7 @@ if [ ! -f "$model" ]; then
 fi
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader 2>&1 || true
 echo "LD_PRELOAD=${LD_PRELOAD:-}"
-"$python" -c 'from service.backends import llama_log; print("llama.cpp log filter:", llama_log.FILTER)'
+"$python" -c 'from service.backends.llama_cpp import log as llama_log; print("llama.cpp log filter:", llama_log.FILTER)'
 
 tools_dir=$CUDA_DIR/build
 [ "${BENCH_TOOLS:-1}" = 0 ] && tools_dir=/nonexistent

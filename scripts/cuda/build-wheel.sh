@@ -67,7 +67,7 @@ build() {
     say "built and installed"
 }
 
-# llama.cpp's log filter (service/backends/llama_log.py), which `pip install` builds
+# llama.cpp's log filter (service/backends/llama_cpp/log.py), which `pip install` builds
 # elsewhere; here the service runs from the tree, so compile it in place.
 build_log_filter() {
     local suffix

@@ -69,7 +69,7 @@ def llama_cpp_knows_architecture(architecture: str) -> bool:
     import gguf
     import llama_cpp
 
-    from service.backends.llama_log import captured_native_log
+    from service.backends.llama_cpp.log import captured_native_log
 
     with tempfile.TemporaryDirectory(prefix="arch-probe-") as directory:
         probe = Path(directory) / "probe.gguf"

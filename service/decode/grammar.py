@@ -23,7 +23,11 @@ import json
 
 import llama_cpp
 
-from service.backends.llama_log import PARSER_MARKER, captured_native_log, captured_parser_output
+from service.backends.llama_cpp.log import (
+    PARSER_MARKER,
+    captured_native_log,
+    captured_parser_output,
+)
 from service.decode.gbnf_graph import check_rule_graph
 from service.decode.gbnf_scan import parse_gbnf
 from service.decode.grammar_limits import (

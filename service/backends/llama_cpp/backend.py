@@ -28,14 +28,14 @@ import llama_cpp
 import numpy as np
 from llama_cpp._internals import LlamaContext, LlamaModel
 
-from service.backends import llama_log  # also routes llama.cpp's log, on import
-from service.backends.argmax import RowArgmax
 from service.backends.base import ActiveSequence, Sampled, SequenceRequest
 from service.backends.failure import load_refused
-from service.backends.kv_slots import Placement, Slot, SlotTable
-from service.backends.llama_batch import Batch, Chunk
-from service.backends.llama_sampling import SamplerChain, SamplingRefused
-from service.backends.logprobs import token_logprob
+from service.backends.llama_cpp import log as llama_log  # also routes llama.cpp's log, on import
+from service.backends.llama_cpp.argmax import RowArgmax
+from service.backends.llama_cpp.batch import Batch, Chunk
+from service.backends.llama_cpp.kv_slots import Placement, Slot, SlotTable
+from service.backends.llama_cpp.logprobs import token_logprob
+from service.backends.llama_cpp.sampling import SamplerChain, SamplingRefused
 from service.engine.options import FlashAttention, KvLayout
 from service.errors import BackendFailure
 from service.memory import cells_per_sequence

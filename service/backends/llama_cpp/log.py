@@ -7,8 +7,9 @@ predates ggml's current level numbering and prints warnings even with
 verbose=False, which breaks JSON logs, so we replace it at import.
 
 Dropping a line in Python still costs the GIL, and the CUDA backend logs a
-DEBUG line on every decode step. Where setuptools built native/log_filter.c,
-that filter sits in front of ours and drops those lines in C.
+DEBUG line on every decode step. Where setuptools built
+service/backends/native/log_filter.c, that filter sits in front of ours and
+drops those lines in C.
 """
 
 from __future__ import annotations

@@ -27,7 +27,7 @@ from typing import cast
 import llama_cpp
 import numpy as np
 
-from service.backends.llama_log import captured_parser_output
+from service.backends.llama_cpp.log import captured_parser_output
 from service.errors import InvalidRequest
 from service.text.requests import Grammar, SamplingParams
 
