@@ -29,7 +29,7 @@ from pydantic import (
 )
 from pydantic_settings import BaseSettings, EnvSettingsSource, NoDecode, SettingsConfigDict
 
-from service.engine.options import FlashAttention, KvLayout
+from service.backends.names import FlashAttention, KvLayout
 
 ENV_PREFIX = "INFERENCE_"
 
@@ -77,13 +77,72 @@ class ModelConfig(BaseModel):
     )
 
 
-class Settings(BaseSettings):
-    model_config = SettingsConfigDict(env_prefix=ENV_PREFIX, extra="forbid")
+class ServerSettings(BaseModel):
+    """The gRPC server: where it listens, TLS and auth, transport limits, probes, logs."""
 
     listen: str = Field(
         default="127.0.0.1:50051",
         description="Address to serve gRPC on, HOST:PORT (port 0 picks a free port).",
     )
+    max_receive_message_bytes: ByteSize = Field(
+        default=ByteSize(16 << 20),
+        gt=0,
+        description="Largest gRPC message the server accepts.",
+    )
+    max_send_message_bytes: ByteSize = Field(
+        default=ByteSize(64 << 20),
+        gt=0,
+        description="Largest gRPC message the server sends (a generated PNG is one message).",
+    )
+    keepalive_time: float = Field(
+        default=30.0,
+        gt=0,
+        description="Seconds between HTTP/2 pings on an idle connection, so proxies keep "
+        "long streams open.",
+    )
+    keepalive_timeout: float = Field(
+        default=20.0, gt=0, description="Seconds to wait for a ping's answer before closing."
+    )
+    health_listen: str | None = Field(
+        default=None,
+        description="Also serve only grpc.health.v1 on HOST:PORT, plaintext and without auth, "
+        "for probes that cannot speak TLS (off when unset).",
+    )
+    tls_cert: Path | None = Field(
+        default=None, description="PEM server certificate (chain); with tls_key, serve TLS."
+    )
+    tls_key: Path | None = Field(default=None, description="PEM private key of tls_cert.")
+    tls_client_ca: Path | None = Field(
+        default=None,
+        description="PEM CA bundle; when set, clients must present a certificate it signed (mTLS).",
+    )
+    auth_token: SecretStr | None = Field(
+        default=None,
+        description="Require `authorization: Bearer TOKEN` metadata on Inference RPCs "
+        "(health and reflection stay open).",
+    )
+    metrics_listen: str | None = Field(
+        default=None,
+        description="Serve Prometheus metrics over HTTP on HOST:PORT at /metrics (off when unset).",
+    )
+    grace_period: float = Field(
+        default=10.0,
+        ge=0,
+        description="Seconds in-flight requests may take to finish on SIGTERM/SIGINT.",
+    )
+    log_format: Literal["auto", "json", "console"] = Field(
+        default="auto",
+        description="Log lines as JSON or for a console; auto picks JSON unless on a terminal.",
+    )
+    log_level: Literal["debug", "info", "warning", "error"] = Field(
+        default="info", description="The least severe log level written."
+    )
+
+
+class PoolSettings(BaseModel):
+    """The models: which there are, where their files are, and how many stay loaded in what
+    memory, each in its engine."""
+
     default_model: str = Field(
         default="smollm2-135m-instruct",
         description="Model that serves requests which leave `model` empty.",
@@ -134,30 +193,29 @@ class Settings(BaseSettings):
         description="Seconds a load may wait for busy models to free memory before "
         "RESOURCE_EXHAUSTED.",
     )
-    default_image_model: str = Field(
-        default="",
-        description="Model that serves GenerateImage requests which leave `model` empty.",
+    engine_mode: Literal["process", "in-process"] = Field(
+        default="process",
+        description="process: each loaded model runs in an engine process of its own, so "
+        "a native crash costs only that model's requests; in-process: in the server's own "
+        "process, for debugging and profiling.",
     )
-    image_max_width: int = Field(default=2048, gt=0, description="Largest image width.")
-    image_max_height: int = Field(default=2048, gt=0, description="Largest image height.")
-    image_max_steps: int = Field(default=100, gt=0, description="Most denoising steps.")
-    image_output_dir: Path | None = Field(
-        default=None,
-        description="Also save every generated image here, under a name the server chooses.",
+    engine_crash_limit: int = Field(
+        default=3,
+        ge=0,
+        description="Engine crashes of one model within --engine-crash-window after which "
+        "it is refused (FAILED_PRECONDITION) until the oldest leaves the window; 0: never.",
     )
-    image_command: str = Field(
-        default="mflux-generate",
-        description="The external image command (mflux-generate's arguments), a name on "
-        "PATH or a path.",
+    engine_crash_window: float = Field(
+        default=600.0,
+        gt=0,
+        description="Seconds over which --engine-crash-limit counts a model's crashes.",
     )
-    image_command_managed: Path | None = Field(
-        default=None,
-        description="A managed copy of the image command, preferred over image_command "
-        "whenever it runs.",
-    )
-    image_command_timeout: float = Field(
-        default=900.0, gt=0, description="Seconds one external image generation may take."
-    )
+
+
+class ModelOptionSettings(BaseModel):
+    """What every model is loaded and served with (`ModelOptions.from_settings`); a
+    configured model's own context_size, threads and gpu_layers override these."""
+
     threads: int = Field(
         default_factory=available_cores,
         gt=0,
@@ -186,23 +244,12 @@ class Settings(BaseSettings):
         "a model's sequences share, with per-sequence each one's; for mlx-lm, the window of its "
         "one sequence. No sequence holds more than its model was trained for.",
     )
-    default_max_tokens: int = Field(
-        default=512,
-        gt=0,
-        description="Token budget of a request that does not set max_tokens.",
-    )
     parallel_sequences: int = Field(
         default=8,
         ge=1,
         le=128,
         description="Generations of one text model decoded together in each step "
         "(llama.cpp batches them; other backends run one at a time).",
-    )
-    max_waiting_sequences: int = Field(
-        default=64,
-        ge=0,
-        description="Generations that may wait for a place in a model's batch; beyond "
-        "that a request gets RESOURCE_EXHAUSTED at once.",
     )
     cached_sequences: int = Field(
         default=4,
@@ -227,6 +274,22 @@ class Settings(BaseSettings):
         "the end of a generation flushes the rest. Above 1, many streams cost the event loop "
         "less per token, for the same text in fewer, larger deltas.",
     )
+
+
+class LimitSettings(BaseModel):
+    """What one request may ask for, and how many may run and wait at once."""
+
+    default_max_tokens: int = Field(
+        default=512,
+        gt=0,
+        description="Token budget of a request that does not set max_tokens.",
+    )
+    max_waiting_sequences: int = Field(
+        default=64,
+        ge=0,
+        description="Generations that may wait for a place in a model's batch; beyond "
+        "that a request gets RESOURCE_EXHAUSTED at once.",
+    )
     max_top_logprobs: int = Field(
         default=20,
         ge=0,
@@ -239,41 +302,6 @@ class Settings(BaseSettings):
         description="Wall-clock ceiling on one generation; it then ends with finish "
         "reason TIME_LIMIT and keeps the text so far.",
     )
-    metrics_listen: str | None = Field(
-        default=None,
-        description="Serve Prometheus metrics over HTTP on HOST:PORT at /metrics (off when unset).",
-    )
-    engine_mode: Literal["process", "in-process"] = Field(
-        default="process",
-        description="process: each loaded model runs in an engine process of its own, so "
-        "a native crash costs only that model's requests; in-process: in the server's own "
-        "process, for debugging and profiling.",
-    )
-    engine_crash_limit: int = Field(
-        default=3,
-        ge=0,
-        description="Engine crashes of one model within --engine-crash-window after which "
-        "it is refused (FAILED_PRECONDITION) until the oldest leaves the window; 0: never.",
-    )
-    engine_crash_window: float = Field(
-        default=600.0,
-        gt=0,
-        description="Seconds over which --engine-crash-limit counts a model's crashes.",
-    )
-    grace_period: float = Field(
-        default=10.0,
-        ge=0,
-        description="Seconds in-flight requests may take to finish on SIGTERM/SIGINT.",
-    )
-    log_format: Literal["auto", "json", "console"] = Field(
-        default="auto",
-        description="Log lines as JSON or for a console; auto picks JSON unless on a terminal.",
-    )
-    log_level: Literal["debug", "info", "warning", "error"] = Field(
-        default="info", description="The least severe log level written."
-    )
-
-    # --- Operations: overload control, request limits, transport, TLS and auth ---------
     max_concurrent: int = Field(
         default=32,
         gt=0,
@@ -294,43 +322,45 @@ class Settings(BaseSettings):
         default=32768, gt=0, description="Largest max_tokens a request may ask for."
     )
     max_messages: int = Field(default=1024, gt=0, description="Most chat messages in one request.")
-    max_receive_message_bytes: ByteSize = Field(
-        default=ByteSize(16 << 20),
-        gt=0,
-        description="Largest gRPC message the server accepts.",
+
+
+class ImageSettings(BaseModel):
+    """GenerateImage: the default image model, image limits and the external command."""
+
+    default_image_model: str = Field(
+        default="",
+        description="Model that serves GenerateImage requests which leave `model` empty.",
     )
-    max_send_message_bytes: ByteSize = Field(
-        default=ByteSize(64 << 20),
-        gt=0,
-        description="Largest gRPC message the server sends (a generated PNG is one message).",
-    )
-    keepalive_time: float = Field(
-        default=30.0,
-        gt=0,
-        description="Seconds between HTTP/2 pings on an idle connection, so proxies keep "
-        "long streams open.",
-    )
-    keepalive_timeout: float = Field(
-        default=20.0, gt=0, description="Seconds to wait for a ping's answer before closing."
-    )
-    health_listen: str | None = Field(
+    image_max_width: int = Field(default=2048, gt=0, description="Largest image width.")
+    image_max_height: int = Field(default=2048, gt=0, description="Largest image height.")
+    image_max_steps: int = Field(default=100, gt=0, description="Most denoising steps.")
+    image_output_dir: Path | None = Field(
         default=None,
-        description="Also serve only grpc.health.v1 on HOST:PORT, plaintext and without auth, "
-        "for probes that cannot speak TLS (off when unset).",
+        description="Also save every generated image here, under a name the server chooses.",
     )
-    tls_cert: Path | None = Field(
-        default=None, description="PEM server certificate (chain); with tls_key, serve TLS."
+    image_command: str = Field(
+        default="mflux-generate",
+        description="The external image command (mflux-generate's arguments), a name on "
+        "PATH or a path.",
     )
-    tls_key: Path | None = Field(default=None, description="PEM private key of tls_cert.")
-    tls_client_ca: Path | None = Field(
+    image_command_managed: Path | None = Field(
         default=None,
-        description="PEM CA bundle; when set, clients must present a certificate it signed (mTLS).",
+        description="A managed copy of the image command, preferred over image_command "
+        "whenever it runs.",
     )
-    auth_token: SecretStr | None = Field(
-        default=None,
-        description="Require `authorization: Bearer TOKEN` metadata on Inference RPCs "
-        "(health and reflection stay open).",
+    image_command_timeout: float = Field(
+        default=900.0, gt=0, description="Seconds one external image generation may take."
     )
+
+
+# pydantic lists a class's fields from its last base to its first, so --help and the
+# field order read ServerSettings first.
+class Settings(
+    ImageSettings, LimitSettings, ModelOptionSettings, PoolSettings, ServerSettings, BaseSettings
+):
+    """Every setting, one flat object: each section above is a base of it."""
+
+    model_config = SettingsConfigDict(env_prefix=ENV_PREFIX, extra="forbid")
 
     @model_validator(mode="after")
     def _check_tls(self) -> Settings:

@@ -23,9 +23,7 @@ from inference.v1 import inference_pb2 as pb
 from service.admission import Capability, Decision, decide
 from service.auth import BearerAuth
 from service.config import Settings, load_settings
-from service.engine.start import engine_starter
 from service.images.external import CommandResolver
-from service.images.generator import ImageGenerator
 from service.images.requests import ImageLimits
 from service.limits import RequestLimits
 from service.log import configure_logging
@@ -33,13 +31,15 @@ from service.memory import default_budget_bytes
 from service.metrics import Metrics
 from service.model_source import ModelSource
 from service.models.catalog import Catalog
+from service.models.engine_starter import engine_starter
 from service.models.pool import ModelPool, PoolLimits
 from service.models.sources import SourceResolver
 from service.offload import Offload
 from service.overload import ConcurrencyGate
 from service.registration import add_inference_service
 from service.servicer import InferenceServicer
-from service.text.generator import TextGenerator
+from service.serving.images import ImageGenerator
+from service.serving.text import TextGenerator
 from service.text.requests import GenerationLimits
 from service.transport import server_credentials, server_options
 

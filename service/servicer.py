@@ -10,8 +10,8 @@ from inference.v1 import inference_pb2 as pb
 from inference.v1 import inference_pb2_grpc as pb_grpc
 from service.admission import Capability, Decision
 from service.auth import BearerAuth
+from service.conversion import generation_request
 from service.errors import InvalidRequest
-from service.images.generator import ImageGenerator
 from service.images.requests import ImageDone, ImageLimits, ImageRequest
 from service.limits import RequestLimits
 from service.memory import MemoryNeed
@@ -23,8 +23,9 @@ from service.models.sources import check_model_name
 from service.offload import Offload
 from service.overload import ConcurrencyGate
 from service.rpc import Summary, stream_rpc, unary_rpc
-from service.text.generator import TextGenerator
-from service.text.requests import FinishReason, GenerationLimits, GenerationRequest
+from service.serving.images import ImageGenerator
+from service.serving.text import TextGenerator
+from service.text.requests import FinishReason, GenerationLimits
 
 
 class InferenceServicer(pb_grpc.InferenceServicer):
@@ -63,9 +64,7 @@ class InferenceServicer(pb_grpc.InferenceServicer):
         # (a grammar to compile, thousands of messages) is not, and runs off it.
         check_model_name(request.model)
         self._request_limits.check(request)
-        generation = await self.offload.run(
-            GenerationRequest.from_pb, request, self._generation_limits
-        )
+        generation = await self.offload.run(generation_request, request, self._generation_limits)
         summary["model"] = generation.model or self._pool.catalog.default_model
         async with self._gate.slot():
             async for response in self._text.generate(generation, received_at=received_at):

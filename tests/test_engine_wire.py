@@ -12,11 +12,11 @@ import pytest
 from inference.engine.v1 import engine_pb2 as epb
 from inference.v1 import inference_pb2 as pb
 from service import errors
+from service.conversion import generation_request
 from service.engine import wire
 from service.engine.framing import BlockingLink, FrameError, encode, read_message
 from service.engine.options import EngineOptions
 from service.images.requests import ImageLimits, ImageRequest
-from service.text.requests import GenerationRequest
 
 ERRORS = [
     errors.InvalidRequest,
@@ -59,7 +59,7 @@ def test_a_generation_request_crosses_with_its_grammar_compiled_once() -> None:
         logprobs=True,
         top_logprobs=3,
     )
-    request = GenerationRequest.from_pb(message)
+    request = generation_request(message)
     assert request.grammar is not None
     crossed = wire.generation_request(wire.generate_message(7, request, 12.5).generate)
     assert crossed == request

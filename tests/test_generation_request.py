@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from inference.v1 import inference_pb2 as pb
+from service.conversion import generation_request
 from service.decode.sequence import fit_max_tokens
 from service.errors import InvalidRequest
 from service.text.requests import (
@@ -19,7 +20,7 @@ from service.text.requests import (
 
 
 def parse(**fields: object) -> GenerationRequest:
-    return GenerationRequest.from_pb(pb.GenerateRequest(**fields))  # type: ignore[arg-type]
+    return generation_request(pb.GenerateRequest(**fields))  # type: ignore[arg-type]
 
 
 def test_unset_sampling_fields_take_the_model_defaults_not_proto_zeros() -> None:
@@ -114,9 +115,9 @@ def test_structured_output_and_logprobs_fields_are_resolved() -> None:
 
 def test_top_logprobs_is_bounded_by_the_servers_setting() -> None:
     msg = pb.GenerateRequest(prompt="a", logprobs=True, top_logprobs=8)
-    assert GenerationRequest.from_pb(msg, GenerationLimits(max_top_logprobs=8)).top_logprobs == 8
+    assert generation_request(msg, GenerationLimits(max_top_logprobs=8)).top_logprobs == 8
     with pytest.raises(InvalidRequest, match="limited to 5"):
-        GenerationRequest.from_pb(msg, GenerationLimits(max_top_logprobs=5))
+        generation_request(msg, GenerationLimits(max_top_logprobs=5))
 
 
 @pytest.mark.parametrize(

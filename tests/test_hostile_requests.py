@@ -181,9 +181,9 @@ def conversions(monkeypatch: pytest.MonkeyPatch) -> list[str]:
     threads: list[str] = []
     convert = GenerationRequest.from_pb.__func__  # type: ignore[attr-defined]
 
-    def recording(cls: type[GenerationRequest], *args: Any) -> GenerationRequest:
+    def recording(cls: type[GenerationRequest], *args: Any, **kwargs: Any) -> GenerationRequest:
         threads.append(threading.current_thread().name)
-        result: GenerationRequest = convert(cls, *args)
+        result: GenerationRequest = convert(cls, *args, **kwargs)
         return result
 
     monkeypatch.setattr(GenerationRequest, "from_pb", classmethod(recording))

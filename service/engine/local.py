@@ -8,9 +8,9 @@ import contextlib
 from collections.abc import AsyncIterator
 
 from inference.v1 import inference_pb2 as pb
-from service.backends import load_backend
 from service.engine.base import EngineHooks, EngineInfo, MeasuredMemory
 from service.engine.core import EngineCore
+from service.engine.loading import load_backend
 from service.engine.options import EngineOptions
 from service.images.requests import ImageRequest, ImageStep, RenderedImage
 from service.text.requests import GenerationRequest

@@ -4,12 +4,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal, get_args
+from typing import Any, get_args
 
 from inference.engine.v1 import engine_pb2 as epb
-
-FlashAttention = Literal["auto", "on", "off"]
-KvLayout = Literal["unified", "per-sequence"]
+from service.backends.names import FlashAttention, KvLayout
 
 
 @dataclass(frozen=True)

@@ -27,10 +27,10 @@ from google.protobuf.message import Message
 
 from inference.engine.v1 import engine_pb2 as epb
 from inference.v1 import inference_pb2 as pb
-from service.backends import load_backend
 from service.engine import wire
 from service.engine.core import EngineCore
 from service.engine.framing import BlockingLink
+from service.engine.loading import load_backend
 from service.engine.options import EngineOptions
 from service.images.requests import ImageStep, RenderedImage
 from service.log import configure

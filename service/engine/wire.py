@@ -72,7 +72,7 @@ def generation_request(generate: epb.Generate) -> GenerationRequest:
         grammar = Grammar(generate.grammar, generate.grammar_branches or 1)
     # The front enforced the server's limits; the engine takes its word for them.
     limits = GenerationLimits(max_top_logprobs=generate.request.top_logprobs)
-    return GenerationRequest.from_checked_pb(generate.request, grammar, limits)
+    return GenerationRequest.from_pb(generate.request, limits, grammar=grammar)
 
 
 def image_message(request_id: int, request: ImageRequest, received_at: float) -> epb.ToEngine:

@@ -268,17 +268,17 @@ class GenerationRequest:
 
     @classmethod
     def from_pb(
-        cls, msg: pb.GenerateRequest, limits: GenerationLimits | None = None
+        cls,
+        msg: pb.GenerateRequest,
+        limits: GenerationLimits | None = None,
+        *,
+        grammar: Grammar | None = None,
     ) -> GenerationRequest:
-        grammar = msg.grammar if msg.HasField("grammar") else None
-        return cls.from_checked_pb(msg, _grammar(grammar, msg.response_format.json_schema), limits)
-
-    @classmethod
-    def from_checked_pb(
-        cls, msg: pb.GenerateRequest, grammar: Grammar | None, limits: GenerationLimits | None
-    ) -> GenerationRequest:
-        """`from_pb` with the grammar already compiled from `msg` and checked (an engine
-        process gets it so from the front, which did the work)."""
+        """The request in `msg`, validated. `grammar` is what `msg`'s grammar or JSON
+        schema compiled to: `service.conversion` compiles it (that needs llama.cpp),
+        and an engine process gets it compiled from the front."""
+        if grammar is None and (msg.HasField("grammar") or msg.response_format.json_schema):
+            raise ValueError("compile the request's grammar first (service.conversion)")
 
         def optional(name: str) -> float | int | None:
             return getattr(msg, name) if msg.HasField(name) else None
@@ -349,15 +349,6 @@ class GenerationRequest:
                 raise InvalidRequest(
                     f"stop sequences are limited to {MAX_STOP_SEQUENCE_CHARS} characters"
                 )
-
-
-def _grammar(grammar: str | None, json_schema: str) -> Grammar | None:
-    if grammar is None and not json_schema:
-        return None
-    # Imported only when needed: it loads llama.cpp, which start-up must not pay for.
-    from service.decode.grammar import resolve_grammar
-
-    return resolve_grammar(grammar, json_schema)
 
 
 class FinishReason(enum.Enum):

@@ -36,7 +36,7 @@ from service.backends.llama_cpp.batch import Batch, Chunk
 from service.backends.llama_cpp.kv_slots import Placement, Slot, SlotTable
 from service.backends.llama_cpp.logprobs import token_logprob
 from service.backends.llama_cpp.sampling import SamplerChain, SamplingRefused
-from service.engine.options import FlashAttention, KvLayout
+from service.backends.names import FlashAttention, KvLayout
 from service.errors import BackendFailure
 from service.memory import cells_per_sequence
 from service.text.requests import SamplingDefaults

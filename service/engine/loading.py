@@ -1,0 +1,42 @@
+"""Loading a model with its library, as admission chose it: the engine's backend registry."""
+
+from __future__ import annotations
+
+from service.backends.base import TextBackend
+from service.backends.names import DIFFUSERS, LLAMA_CPP, MLX_LM
+from service.engine.options import EngineOptions
+from service.errors import NotSupported
+from service.images.backend import ImageBackend
+
+
+def load_backend(options: EngineOptions) -> TextBackend | ImageBackend:
+    """Load an admitted model with its backend; runs on the model's worker thread.
+
+    Each library is imported here, on first use, so that the server starts
+    without paying for libraries it may never need (torch takes seconds).
+    """
+    if options.backend == LLAMA_CPP:
+        from service.backends.llama_cpp import LlamaCppBackend, LlamaCppOptions
+
+        llama_options = LlamaCppOptions(
+            context_size=options.context_size,
+            threads=options.threads,
+            gpu_layers=options.gpu_layers,
+            main_gpu=options.main_gpu,
+            flash_attention=options.flash_attention,
+            max_sequences=options.parallel_sequences,
+            cached_sequences=options.cached_sequences,
+            kv_layout=options.kv_layout,
+        )
+        return LlamaCppBackend(options.path, llama_options)
+    if options.backend == MLX_LM:
+        from service.backends.mlx_lm import MlxLmBackend, MlxLmOptions
+
+        return MlxLmBackend(options.path, MlxLmOptions(context_size=options.context_size))
+    if options.backend == DIFFUSERS:
+        from service.backends.diffusers_pipeline import DiffusersBackend, DiffusersOptions
+
+        return DiffusersBackend(options.path, DiffusersOptions(threads=options.threads))
+    raise NotSupported(
+        f"model {options.name!r}: no backend named {options.backend!r} in this build"
+    )
