@@ -4,6 +4,11 @@ Precedence, highest first: command-line flags, environment variables
 (`INFERENCE_` prefix), the TOML file named by `--config` (or
 `INFERENCE_CONFIG`), then the defaults below. Every field's description is
 its `--help` text.
+
+The fields are grouped by section (ServerSettings, PoolSettings,
+ModelOptionSettings, LimitSettings, ImageSettings); Settings joins them into
+one flat object, so a flag, variable or TOML key is a field's name whichever
+section holds it.
 """
 
 from __future__ import annotations
@@ -33,7 +38,18 @@ from service.backends.names import FlashAttention, KvLayout
 
 ENV_PREFIX = "INFERENCE_"
 
-__all__ = ["FlashAttention", "KvLayout", "ModelConfig", "Settings", "load_settings"]
+__all__ = [
+    "FlashAttention",
+    "ImageSettings",
+    "KvLayout",
+    "LimitSettings",
+    "ModelConfig",
+    "ModelOptionSettings",
+    "PoolSettings",
+    "ServerSettings",
+    "Settings",
+    "load_settings",
+]
 
 
 def available_cores() -> int:
@@ -353,13 +369,12 @@ class ImageSettings(BaseModel):
     )
 
 
-# pydantic lists a class's fields from its last base to its first, so --help and the
-# field order read ServerSettings first.
+# Every setting, one flat object: each section above is a base. pydantic lists a class's
+# fields from its last base to its first, so --help reads ServerSettings first. (No
+# docstring: it would become the JSON schema's description.)
 class Settings(
     ImageSettings, LimitSettings, ModelOptionSettings, PoolSettings, ServerSettings, BaseSettings
 ):
-    """Every setting, one flat object: each section above is a base of it."""
-
     model_config = SettingsConfigDict(env_prefix=ENV_PREFIX, extra="forbid")
 
     @model_validator(mode="after")

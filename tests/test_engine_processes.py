@@ -24,6 +24,7 @@ from inference.v1 import inference_pb2_grpc as pb_grpc
 from service.engine.base import EngineCrashed, EngineHooks
 from service.engine.options import EngineOptions
 from service.engine.process import EngineProcess
+from service.model_options import ModelOptions
 from service.models.embedded import EMBEDDED_MODELS
 from tests import gguf_mutations as gm
 from tests.conftest import (
@@ -165,8 +166,7 @@ def test_an_engine_that_aborts_loading_a_malformed_file_is_reported(tmp_path: Pa
         name="broken",
         backend="llama.cpp",
         path=malformed_copy(tmp_path),
-        context_size=256,
-        threads=1,
+        model=ModelOptions(context_size=256, threads=1),
     )
     with pytest.raises(EngineCrashed) as caught:
         asyncio.run(EngineProcess.start(options, EngineHooks()))

@@ -17,6 +17,7 @@ from service.engine import wire
 from service.engine.framing import BlockingLink, FrameError, encode, read_message
 from service.engine.options import EngineOptions
 from service.images.requests import ImageLimits, ImageRequest
+from service.model_options import ModelOptions
 
 ERRORS = [
     errors.InvalidRequest,
@@ -76,9 +77,12 @@ def test_an_image_request_crosses_with_its_seed() -> None:
 
 
 def test_engine_options_cross_whole() -> None:
+    model = ModelOptions(
+        context_size=512, threads=2, gpu_layers=0, main_gpu=1, flash_attention="off",
+        parallel_sequences=3, cached_sequences=0, kv_layout="per-sequence", stream_interval=4,
+    )  # fmt: skip
     options = EngineOptions(
-        name="m", backend="llama.cpp", path=__import__("pathlib").Path("/m.gguf"),
-        context_size=512, threads=2, gpu_layers=0, kv_layout="per-sequence",
+        name="m", backend="llama.cpp", path=__import__("pathlib").Path("/m.gguf"), model=model,
         chat_template="{{ messages }}", max_decode_seconds=None,
     )  # fmt: skip
     assert EngineOptions.from_pb(options.to_pb()) == options

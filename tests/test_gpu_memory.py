@@ -16,6 +16,7 @@ import pytest
 from service.admission import Capability, Decision, decide, gates
 from service.admission.describe import describe_gguf
 from service.memory import MemoryNeed, offloaded_share
+from service.model_options import ModelOptions
 from service.model_source import ModelSource
 from service.models.admit_report import AdmissionReport
 from service.models.catalog import ModelSpec
@@ -56,18 +57,25 @@ def test_offloaded_layers_move_their_share_of_weights_and_kv_cache_to_the_gpu(
     assert cpu_only.memory(1024, gpu_layers=-1) == MemoryNeed(weights, kv_cache, 0)
 
 
+def spec(name: str = "m", *, context_size: int = 1, **options: Any) -> ModelSpec:
+    """A model's spec with these options (one thread; the rest as the settings default)."""
+    model = ModelOptions(context_size=context_size, threads=1, **options)
+    return ModelSpec(name, "", cast(Any, None), model)
+
+
 def test_conversations_are_parked_in_host_memory_only_on_the_cpu(four_layer_gguf: Path) -> None:
     cuda = Decision(True, "", "llama.cpp", describe_gguf(four_layer_gguf), True, offloads=True)
-    spec = ModelSpec("m", "", cast(Any, None), context_size=1024, threads=1, cached_sequences=4)
-    on_the_cpu = memory_need(cuda, dataclasses.replace(spec, gpu_layers=0))
+    on_the_cpu = memory_need(cuda, spec(context_size=1024, cached_sequences=4, gpu_layers=0))
     assert on_the_cpu.parked_bytes == on_the_cpu.kv_cache_bytes
-    assert memory_need(cuda, dataclasses.replace(spec, gpu_layers=-1)).parked_bytes == 0
+    on_the_gpu = spec(context_size=1024, cached_sequences=4, gpu_layers=-1)
+    assert memory_need(cuda, on_the_gpu).parked_bytes == 0
 
 
 def test_a_per_sequence_layout_counts_a_cache_for_every_sequence(four_layer_gguf: Path) -> None:
     cuda = Decision(True, "", "llama.cpp", describe_gguf(four_layer_gguf), True, offloads=True)
-    spec = ModelSpec("m", "", cast(Any, None), context_size=1000, threads=1, gpu_layers=0)
-    per_sequence = memory_need(cuda, dataclasses.replace(spec, kv_layout="per-sequence"))
+    per_sequence = memory_need(
+        cuda, spec(context_size=1000, gpu_layers=0, kv_layout="per-sequence")
+    )
     # 8 running + 4 cached sequences, each with 1000 cells rounded up to 1024.
     assert per_sequence.kv_cache_bytes == 12 * cuda.memory(1024).kv_cache_bytes
     assert per_sequence.parked_bytes == 0
@@ -83,8 +91,7 @@ def pool_with(limits: PoolLimits, *models: tuple[str, int, int, int]) -> ModelPo
     """A pool holding (name, host bytes, GPU bytes, active requests) models, oldest first."""
     pool = ModelPool(cast(Any, None), cast(Any, None), cast(Any, None), limits)
     for name, host, device, active in models:
-        spec = ModelSpec(name, "", cast(Any, None), context_size=1, threads=1)
-        model = LoadedModel(spec, cast(Any, None), host, Capability.TEXT, device)
+        model = LoadedModel(spec(name), cast(Any, None), host, Capability.TEXT, device)
         model.active_requests = active
         pool._loaded[name] = model
     return pool
@@ -138,8 +145,10 @@ def test_a_unified_pool_may_exceed_the_trained_window_and_one_sequence_may_not(
     # The fixture's model was trained for 2048 tokens.
     cuda = Decision(True, "", "llama.cpp", describe_gguf(four_layer_gguf), True, offloads=True)
     per_token = cuda.memory(1).kv_cache_bytes
-    spec = ModelSpec("m", "", cast(Any, None), context_size=8192, threads=1, gpu_layers=-1)
-    assert memory_need(cuda, spec).kv_cache_bytes == 8192 * per_token
+    unified = spec(context_size=8192, gpu_layers=-1)
+    assert memory_need(cuda, unified).kv_cache_bytes == 8192 * per_token
     assert cuda.memory(8192).kv_cache_bytes == 2048 * per_token
-    per_sequence = memory_need(cuda, dataclasses.replace(spec, kv_layout="per-sequence"))
+    per_sequence = memory_need(
+        cuda, spec(context_size=8192, gpu_layers=-1, kv_layout="per-sequence")
+    )
     assert per_sequence.kv_cache_bytes == 12 * 2048 * per_token

@@ -68,7 +68,7 @@ class EngineCore:
             self.scheduler = DecodeScheduler(
                 cast(TextBackend, backend),
                 options.max_waiting_sequences,
-                options.stream_interval,
+                options.model.stream_interval,
                 name=options.name,
                 on_failure=self._failed,
                 publish=publish,

@@ -18,25 +18,15 @@ def load_backend(options: EngineOptions) -> TextBackend | ImageBackend:
     if options.backend == LLAMA_CPP:
         from service.backends.llama_cpp import LlamaCppBackend, LlamaCppOptions
 
-        llama_options = LlamaCppOptions(
-            context_size=options.context_size,
-            threads=options.threads,
-            gpu_layers=options.gpu_layers,
-            main_gpu=options.main_gpu,
-            flash_attention=options.flash_attention,
-            max_sequences=options.parallel_sequences,
-            cached_sequences=options.cached_sequences,
-            kv_layout=options.kv_layout,
-        )
-        return LlamaCppBackend(options.path, llama_options)
+        return LlamaCppBackend(options.path, LlamaCppOptions.for_model(options.model))
     if options.backend == MLX_LM:
         from service.backends.mlx_lm import MlxLmBackend, MlxLmOptions
 
-        return MlxLmBackend(options.path, MlxLmOptions(context_size=options.context_size))
+        return MlxLmBackend(options.path, MlxLmOptions(context_size=options.model.context_size))
     if options.backend == DIFFUSERS:
         from service.backends.diffusers_pipeline import DiffusersBackend, DiffusersOptions
 
-        return DiffusersBackend(options.path, DiffusersOptions(threads=options.threads))
+        return DiffusersBackend(options.path, DiffusersOptions(threads=options.model.threads))
     raise NotSupported(
         f"model {options.name!r}: no backend named {options.backend!r} in this build"
     )

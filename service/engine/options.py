@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 from typing import Any, get_args
 
 from inference.engine.v1 import engine_pb2 as epb
 from service.backends.names import FlashAttention, KvLayout
+from service.model_options import ModelOptions
+
+# Load carries each ModelOptions field under the same name.
+_MODEL_FIELDS = tuple(field.name for field in fields(ModelOptions))
 
 
 @dataclass(frozen=True)
@@ -17,15 +21,7 @@ class EngineOptions:
     name: str
     backend: str  # "llama.cpp", "mlx-lm", "diffusers"
     path: Path
-    context_size: int
-    threads: int
-    gpu_layers: int = -1
-    main_gpu: int = 0
-    flash_attention: FlashAttention = "auto"
-    parallel_sequences: int = 8
-    cached_sequences: int = 4
-    kv_layout: KvLayout = "unified"
-    stream_interval: int = 1
+    model: ModelOptions
     max_waiting_sequences: int = 64
     chat_template: str | None = None
     default_max_tokens: int = 512
@@ -37,18 +33,10 @@ class EngineOptions:
             name=self.name,
             backend=self.backend,
             path=str(self.path),
-            context_size=self.context_size,
-            threads=self.threads,
-            gpu_layers=self.gpu_layers,
-            main_gpu=self.main_gpu,
-            flash_attention=self.flash_attention,
-            parallel_sequences=self.parallel_sequences,
-            cached_sequences=self.cached_sequences,
-            kv_layout=self.kv_layout,
-            stream_interval=self.stream_interval,
             max_waiting_sequences=self.max_waiting_sequences,
             default_max_tokens=self.default_max_tokens,
             log_level=self.log_level,
+            **asdict(self.model),
         )
         if self.chat_template is not None:
             load.chat_template = self.chat_template
@@ -58,19 +46,14 @@ class EngineOptions:
 
     @classmethod
     def from_pb(cls, load: epb.Load) -> EngineOptions:
+        model: dict[str, Any] = {name: getattr(load, name) for name in _MODEL_FIELDS}
+        model["flash_attention"] = _choice(load.flash_attention, FlashAttention)
+        model["kv_layout"] = _choice(load.kv_layout, KvLayout)
         return cls(
             name=load.name,
             backend=load.backend,
             path=Path(load.path),
-            context_size=load.context_size,
-            threads=load.threads,
-            gpu_layers=load.gpu_layers,
-            main_gpu=load.main_gpu,
-            flash_attention=_choice(load.flash_attention, FlashAttention),
-            parallel_sequences=load.parallel_sequences,
-            cached_sequences=load.cached_sequences,
-            kv_layout=_choice(load.kv_layout, KvLayout),
-            stream_interval=load.stream_interval,
+            model=ModelOptions(**model),
             max_waiting_sequences=load.max_waiting_sequences,
             chat_template=load.chat_template if load.HasField("chat_template") else None,
             default_max_tokens=load.default_max_tokens,

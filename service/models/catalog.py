@@ -9,7 +9,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 
-from service.config import FlashAttention, KvLayout, ModelConfig, Settings
+from service.config import ModelConfig, Settings
+from service.model_options import ModelOptions
 from service.model_source import ModelSource
 from service.models.embedded import EMBEDDED_MODELS, EmbeddedModel
 from service.models.sources import SourceResolver, check_model_name
@@ -22,17 +23,7 @@ class ModelSpec:
     name: str
     label: str  # where it comes from, for people: a path, hf:owner/repo, pypi:package
     locate: Callable[[], ModelSource]
-    context_size: int
-    threads: int
-    gpu_layers: int = -1
-    # Generations of this model decoded together, and finished ones kept cached.
-    parallel_sequences: int = 8
-    cached_sequences: int = 4
-    main_gpu: int = 0
-    flash_attention: FlashAttention = "auto"
-    kv_layout: KvLayout = "unified"
-    # Tokens per streamed message after the first.
-    stream_interval: int = 1
+    options: ModelOptions
     chat_template: str | None = None
     configured: bool = True
     source: str = ""  # the reference as configured or requested
@@ -54,15 +45,7 @@ class Catalog:
             name="",
             label="",
             locate=_nowhere,
-            context_size=settings.context_size,
-            threads=settings.threads,
-            gpu_layers=settings.gpu_layers,
-            parallel_sequences=settings.parallel_sequences,
-            cached_sequences=settings.cached_sequences,
-            main_gpu=settings.main_gpu,
-            flash_attention=settings.flash_attention,
-            kv_layout=settings.kv_layout,
-            stream_interval=settings.stream_interval,
+            options=ModelOptions.from_settings(settings),
         )
         self._specs: dict[str, ModelSpec] = {}
         for embedded in EMBEDDED_MODELS.values():
@@ -109,9 +92,7 @@ class Catalog:
             name=name,
             label=config.source,
             locate=lambda: self._resolver.resolve(config.source, trusted=True),
-            context_size=config.context_size or defaults.context_size,
-            threads=config.threads or defaults.threads,
-            gpu_layers=defaults.gpu_layers if config.gpu_layers is None else config.gpu_layers,
+            options=defaults.options.with_overrides(config),
             chat_template=config.chat_template,
             source=config.source,
             backend=config.backend,

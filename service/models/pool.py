@@ -138,13 +138,14 @@ def memory_need(decision: Decision, spec: ModelSpec) -> MemoryNeed:
     host memory for the parked ones (see kv_slots; on a GPU none are parked). A
     per-sequence KV layout has a cache for every running and cached sequence, and
     parks nothing; a unified one is one pool of --context-size cells."""
+    options = spec.options
     if decision.backend != LLAMA_CPP:
-        return decision.memory(spec.context_size, spec.gpu_layers)
-    if spec.kv_layout == "per-sequence":
-        sequences = spec.parallel_sequences + spec.cached_sequences
-        return decision.memory(spec.context_size, spec.gpu_layers, sequences)
-    need = decision.memory(spec.context_size, spec.gpu_layers, pooled=True)
-    if spec.cached_sequences > 1 and not need.device_bytes:
+        return decision.memory(options.context_size, options.gpu_layers)
+    if options.kv_layout == "per-sequence":
+        sequences = options.parallel_sequences + options.cached_sequences
+        return decision.memory(options.context_size, options.gpu_layers, sequences)
+    need = decision.memory(options.context_size, options.gpu_layers, pooled=True)
+    if options.cached_sequences > 1 and not need.device_bytes:
         return dataclasses.replace(need, parked_bytes=need.kv_cache_bytes)
     return need
 

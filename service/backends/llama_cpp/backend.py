@@ -20,7 +20,7 @@ import ctypes
 import re
 import threading
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, fields, replace
 from pathlib import Path
 from typing import Any
 
@@ -39,6 +39,7 @@ from service.backends.llama_cpp.sampling import SamplerChain, SamplingRefused
 from service.backends.names import FlashAttention, KvLayout
 from service.errors import BackendFailure
 from service.memory import cells_per_sequence
+from service.model_options import ModelOptions
 from service.text.requests import SamplingDefaults
 
 BACKEND_NAME = "llama.cpp"
@@ -79,6 +80,16 @@ class LlamaCppOptions:
     # While other sequences decode, the most prompt tokens a step evaluates, so
     # that a long newcomer prompt does not stall their streams.
     prefill_chunk: int = 128
+
+    @classmethod
+    def for_model(cls, model: ModelOptions) -> LlamaCppOptions:
+        """A model's options (`max_sequences` is its parallel_sequences; the batch and
+        prefill knobs keep their defaults)."""
+        shared = {field.name for field in fields(cls)} & {field.name for field in fields(model)}
+        return cls(
+            max_sequences=model.parallel_sequences,
+            **{name: getattr(model, name) for name in shared},
+        )
 
 
 def _load_model(path: Path, options: LlamaCppOptions) -> LlamaModel:
