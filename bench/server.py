@@ -15,6 +15,7 @@ from pathlib import Path
 
 from inference.v1 import inference_pb2 as pb
 from inference.v1 import inference_pb2_grpc as pb_grpc
+from service.engine.measure import rss_bytes
 
 
 @dataclass(frozen=True)
@@ -56,10 +57,7 @@ def service_run(stub: pb_grpc.InferenceStub, model: str, prompt: str, max_tokens
 
 def rss_mib(pid: int, *, with_children: bool = False) -> float:
     """Resident memory of `pid`, and with `with_children` of its child processes too."""
-    total = 0.0
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
-            total = int(line.split()[1]) / 1024
+    total = rss_bytes(pid) / (1 << 20)
     if with_children:
         total += sum(rss_mib(child, with_children=True) for child in children(pid))
     return total

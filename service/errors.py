@@ -68,6 +68,10 @@ class BackendFailure(ServiceError):
     code = grpc.StatusCode.INTERNAL
 
 
+# What a client is told when the server itself failed (the log has the traceback).
+INTERNAL_MESSAGE = "internal error while serving the request; the server log has details"
+
+
 def excerpt(text: str, limit: int = 64) -> str:
     """`text` quoted for an error message or a log line, cut to about `limit` characters.
 

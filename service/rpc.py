@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 import grpc
 import structlog
 
-from service.errors import InvalidRequest, ServiceError
+from service.errors import INTERNAL_MESSAGE, InvalidRequest, ServiceError
 from service.registration import EncodedRequest, UndecodableRequest
 from service.request_id import METADATA_KEY, request_id_from
 
@@ -38,7 +38,6 @@ Servicer = TypeVar("Servicer", bound="Observed")
 Summary = dict[str, Any]
 Context = grpc.aio.ServicerContext[Any, Any]
 
-INTERNAL_MESSAGE = "internal error while serving the request; the server log has details"
 # Status messages travel in trailers, which clients cap at 8 KiB by default; every
 # message should already be short (client input is shown through `excerpt`), and
 # this keeps one that is not from breaking the client's connection.

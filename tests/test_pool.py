@@ -29,10 +29,10 @@ from service.config import ModelConfig, Settings
 from service.decode.sequence import SequenceDecoder
 from service.engine import core
 from service.engine.local import LocalEngine
+from service.errors import INTERNAL_MESSAGE
 from service.model_source import ModelSource
 from service.models.embedded import EMBEDDED_MODELS
 from service.models.pool import ModelPool
-from service.rpc import INTERNAL_MESSAGE
 from tests.conftest import (
     GEMMA,
     SMOLLM,

@@ -54,7 +54,7 @@ log = structlog.get_logger("scheduler")
 Sink = EventSink[DecodeEvent]
 
 
-def _nothing_to_publish() -> None:
+def nothing_to_publish() -> None:
     """The default `publish`: sinks that deliver each event as it is sent."""
 
 
@@ -84,7 +84,7 @@ class DecodeScheduler:
         *,
         name: str = "",
         on_failure: Callable[[str], None] | None = None,
-        publish: Callable[[], None] = _nothing_to_publish,
+        publish: Callable[[], None] = nothing_to_publish,
     ) -> None:
         self._backend = backend
         self._stepper = as_stepper(backend)

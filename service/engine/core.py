@@ -25,7 +25,7 @@ from service.backends.base import TextBackend
 from service.backends.failure import RELOADING, library_failure
 from service.backends.names import DIFFUSERS
 from service.chat_template import render_chat
-from service.decode.scheduler import DecodeScheduler
+from service.decode.scheduler import DecodeScheduler, nothing_to_publish
 from service.decode.sequence import DecodeEvent, DecodePlan, fit_max_tokens
 from service.engine.base import EngineInfo
 from service.engine.options import EngineOptions
@@ -41,10 +41,6 @@ TextSink = EventSink[pb.GenerateResponse]
 ImageSink = EventSink[ImageStep | RenderedImage]
 
 
-def _nothing_to_publish() -> None:
-    """The default `publish`: sinks that deliver each event as it is sent."""
-
-
 class EngineCore:
     def __init__(
         self,
@@ -53,7 +49,7 @@ class EngineCore:
         worker: ModelWorker,
         *,
         on_failure: Callable[[str], None],
-        publish: Callable[[], None] = _nothing_to_publish,
+        publish: Callable[[], None] = nothing_to_publish,
     ) -> None:
         """`on_failure` is told, from the worker thread, that the library failed and
         left the model in an unknown state; `publish` sends what sinks batched."""

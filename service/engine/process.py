@@ -47,6 +47,8 @@ SHUTDOWN_SECONDS = 30.0
 EXIT_SECONDS = 5.0
 
 _Item = epb.Event | ServiceError
+# Shared: one nvidia-smi reading answers for every engine's pid.
+_GPU_MEMORY = GpuMemory()
 
 
 class EngineProcess:
@@ -71,7 +73,6 @@ class EngineProcess:
         self._closing: str | None = None
         self._dead: EngineCrashed | Unavailable | None = None
         self._reading: asyncio.Task[None] | None = None
-        self._gpu = GpuMemory()
         self._hooks = hooks
 
     @classmethod
@@ -164,7 +165,7 @@ class EngineProcess:
                 yield ImageStep(progress.step, progress.total_steps, progress.elapsed_ms)
 
     def memory(self) -> MeasuredMemory | None:
-        gpu = self._gpu.of(self._process.pid) if self._info.computes_off_cpu else 0
+        gpu = _GPU_MEMORY.of(self._process.pid) if self._info.computes_off_cpu else 0
         return MeasuredMemory(rss_bytes(self._process.pid), gpu)
 
     async def close(self, reason: str) -> None:

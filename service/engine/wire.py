@@ -15,12 +15,11 @@ import structlog
 from inference.engine.v1 import engine_pb2 as epb
 from inference.v1 import inference_pb2 as pb
 from service import errors
+from service.errors import INTERNAL_MESSAGE
 from service.images.requests import ImageRequest, RenderedImage
 from service.text.requests import GenerationLimits, GenerationRequest, Grammar
 
 log = structlog.get_logger("engine")
-
-INTERNAL_MESSAGE = "internal error while serving the request; the server log has details"
 
 # The error each status code comes back as on the front.
 _ERRORS: dict[int, type[errors.ServiceError]] = {
