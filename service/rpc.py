@@ -2,12 +2,14 @@
 
 Every servicer method is wrapped by `unary_rpc` or `stream_rpc`. Before the
 method runs, the RPC gets its request id (bound into every log line and sent
-back as `x-request-id` response metadata) and, when the server requires one,
-its bearer token is checked, a large request still encoded is decoded off the
-event loop, and one whose bytes do not decode is refused with INVALID_ARGUMENT.
-A `ServiceError` becomes its own status and message; anything else becomes
-INTERNAL with a generic message and a logged traceback. Each RPC writes one
-summary line with whatever the method put in its `summary` dict.
+back as `x-request-id` response metadata: in the headers of the first response
+message, or in the trailers of an RPC that fails before it sends any) and,
+when the server requires one, its bearer token is checked, a large request
+still encoded is decoded off the event loop, and one whose bytes do not decode
+is refused with INVALID_ARGUMENT. A `ServiceError` becomes its own status and
+message; anything else becomes INTERNAL with a generic message and a logged
+traceback. Each RPC writes one summary line with whatever the method put in
+its `summary` dict.
 """
 
 from __future__ import annotations
@@ -63,18 +65,28 @@ class _RpcOutcome:
         self._metrics = metrics
         self._started = time.monotonic()
         self._written = False
+        self._request_id = ""
+        self._answered = False
         if metrics is not None:
             metrics.rpc_started(method)
 
-    async def begin(self, context: Context, auth: BearerAuth | None) -> None:
-        """Bind the request id and send it back, then check the bearer token (may raise)."""
+    def begin(self, context: Context, auth: BearerAuth | None) -> None:
+        """Bind the request id, then check the bearer token (may raise)."""
         metadata = context.invocation_metadata()
-        request_id = request_id_from(metadata)
+        self._request_id = request_id_from(metadata)
         structlog.contextvars.clear_contextvars()  # this RPC's task has a context of its own
-        structlog.contextvars.bind_contextvars(request_id=request_id)
-        await context.send_initial_metadata(((METADATA_KEY, request_id),))
+        structlog.contextvars.bind_contextvars(request_id=self._request_id)
         if auth is not None:
             auth.check(metadata)
+
+    async def answering(self, context: Context) -> None:
+        """Send the request id as response headers, once, just before the first
+        response message. Until then nothing has gone back, so a refusal travels
+        as a trailers-only response, which a proxy such as Envoy may retry on
+        another replica; it is never retried once a token has been sent."""
+        if not self._answered:
+            self._answered = True
+            await context.send_initial_metadata(((METADATA_KEY, self._request_id),))
 
     def cancelled(self, context: Context) -> None:
         remaining = context.time_remaining()
@@ -92,6 +104,8 @@ class _RpcOutcome:
         # abort sends the status at once: count the RPC first, so that a client that
         # has seen the error also sees it in the metrics.
         self.write()
+        if not self._answered and self._request_id:
+            context.set_trailing_metadata(((METADATA_KEY, self._request_id),))
         await context.abort(self.code, message)
 
     def write(self) -> None:
@@ -138,8 +152,10 @@ def unary_rpc(
     async def wrapper(self: Servicer, request: Request, context: Context) -> Any:
         outcome = _RpcOutcome(method.__name__, self.metrics)
         try:
-            await outcome.begin(context, self.auth)
-            return await method(self, await _decoded(self, request), outcome.summary)
+            outcome.begin(context, self.auth)
+            response = await method(self, await _decoded(self, request), outcome.summary)
+            await outcome.answering(context)
+            return response
         except asyncio.CancelledError:
             outcome.cancelled(context)
             raise
@@ -160,8 +176,9 @@ def stream_rpc(
     ) -> AsyncIterator[Response]:
         outcome = _RpcOutcome(method.__name__, self.metrics)
         try:
-            await outcome.begin(context, self.auth)
+            outcome.begin(context, self.auth)
             async for response in method(self, await _decoded(self, request), outcome.summary):
+                await outcome.answering(context)
                 yield response
         except (asyncio.CancelledError, GeneratorExit):
             outcome.cancelled(context)
