@@ -10,7 +10,7 @@ PROTOS := protos/inference/v1/inference.proto
 # The front's contract with its engine processes: Python only, never a client's.
 ENGINE_PROTOS := protos/inference/engine/v1/engine.proto
 
-.PHONY: install serve test lint protos bench clean cuda-fetch cuda-deps cuda-llama cuda-model cuda-bench
+.PHONY: install serve cluster test lint protos bench clean cuda-fetch cuda-deps cuda-llama cuda-model cuda-bench
 
 install:
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -25,6 +25,15 @@ install:
 
 serve:
 	$(BIN)/inference-server
+
+# CLUSTER_REPLICAS replicas, the endpoint picker and Envoy on loopback; clients
+# connect to CLUSTER_LISTEN. CLUSTER_ARGS go to every replica (server flags).
+CLUSTER_REPLICAS ?= 3
+CLUSTER_LISTEN ?= 127.0.0.1:50060
+CLUSTER_ARGS ?=
+cluster:
+	$(BIN)/inference-cluster --replicas $(CLUSTER_REPLICAS) --listen $(CLUSTER_LISTEN) \
+		-- $(CLUSTER_ARGS)
 
 test:
 	$(BIN)/python -m pytest

@@ -4,15 +4,21 @@ from __future__ import annotations
 
 import logging
 import sys
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 import structlog
 
-if TYPE_CHECKING:
-    from service.config import Settings
+
+class LogSettings(Protocol):
+    """The two settings every program here (server, picker, cluster) has."""
+
+    @property
+    def log_format(self) -> str: ...
+    @property
+    def log_level(self) -> str: ...
 
 
-def configure_logging(settings: Settings) -> None:
+def configure_logging(settings: LogSettings) -> None:
     as_json = settings.log_format == "json" or (
         settings.log_format == "auto" and not sys.stderr.isatty()
     )

@@ -86,7 +86,18 @@ class InferenceServicer(pb_grpc.InferenceServicer):
         specs = [catalog.resolve(name) for name in catalog.names()]
         specs += [model.spec for model in loaded.values() if not model.spec.configured]
         infos = [_model_info(spec, loaded.get(spec.name), catalog.default_model) for spec in specs]
-        return pb.ListModelsResponse(models=infos, default_model=catalog.default_model)
+        return pb.ListModelsResponse(
+            models=infos, default_model=catalog.default_model, load=self._load()
+        )
+
+    def _load(self) -> pb.ServerLoad:
+        gate = self._gate
+        return pb.ServerLoad(
+            running=gate.active,
+            waiting=gate.waiting,
+            max_running=gate.max_active,
+            max_waiting=gate.max_waiting,
+        )
 
     @unary_rpc
     async def Admit(self, request: pb.AdmitRequest, summary: Summary) -> pb.AdmitResponse:

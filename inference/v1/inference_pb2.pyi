@@ -382,10 +382,24 @@ class ModelInfo(_message.Message):
     gpu_memory_bytes: int
     def __init__(self, name: _Optional[str] = ..., source: _Optional[str] = ..., backend: _Optional[str] = ..., capabilities: _Optional[_Iterable[_Union[Capability, str]]] = ..., is_default: _Optional[bool] = ..., loaded: _Optional[bool] = ..., memory_bytes: _Optional[int] = ..., last_used_unix_ms: _Optional[int] = ..., context_length: _Optional[int] = ..., engine_pid: _Optional[int] = ..., rss_bytes: _Optional[int] = ..., gpu_memory_bytes: _Optional[int] = ...) -> None: ...
 
+class ServerLoad(_message.Message):
+    __slots__ = ("running", "waiting", "max_running", "max_waiting")
+    RUNNING_FIELD_NUMBER: _ClassVar[int]
+    WAITING_FIELD_NUMBER: _ClassVar[int]
+    MAX_RUNNING_FIELD_NUMBER: _ClassVar[int]
+    MAX_WAITING_FIELD_NUMBER: _ClassVar[int]
+    running: int
+    waiting: int
+    max_running: int
+    max_waiting: int
+    def __init__(self, running: _Optional[int] = ..., waiting: _Optional[int] = ..., max_running: _Optional[int] = ..., max_waiting: _Optional[int] = ...) -> None: ...
+
 class ListModelsResponse(_message.Message):
-    __slots__ = ("models", "default_model")
+    __slots__ = ("models", "default_model", "load")
     MODELS_FIELD_NUMBER: _ClassVar[int]
     DEFAULT_MODEL_FIELD_NUMBER: _ClassVar[int]
+    LOAD_FIELD_NUMBER: _ClassVar[int]
     models: _containers.RepeatedCompositeFieldContainer[ModelInfo]
     default_model: str
-    def __init__(self, models: _Optional[_Iterable[_Union[ModelInfo, _Mapping]]] = ..., default_model: _Optional[str] = ...) -> None: ...
+    load: ServerLoad
+    def __init__(self, models: _Optional[_Iterable[_Union[ModelInfo, _Mapping]]] = ..., default_model: _Optional[str] = ..., load: _Optional[_Union[ServerLoad, _Mapping]] = ...) -> None: ...

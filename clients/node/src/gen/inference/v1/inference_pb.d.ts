@@ -1141,6 +1141,45 @@ export declare type ModelInfo = Message<"inference.v1.ModelInfo"> & {
 export declare const ModelInfoSchema: GenMessage<ModelInfo>;
 
 /**
+ * How busy the server is: what a load balancer in front of many replicas
+ * (the endpoint picker, docs in the README) ranks them by.
+ *
+ * @generated from message inference.v1.ServerLoad
+ */
+export declare type ServerLoad = Message<"inference.v1.ServerLoad"> & {
+  /**
+   * RPCs doing model work now, and those queued for a turn.
+   *
+   * @generated from field: uint32 running = 1;
+   */
+  running: number;
+
+  /**
+   * @generated from field: uint32 waiting = 2;
+   */
+  waiting: number;
+
+  /**
+   * The limits (--max-concurrent, --max-waiting): past both, the server
+   * answers RESOURCE_EXHAUSTED.
+   *
+   * @generated from field: uint32 max_running = 3;
+   */
+  maxRunning: number;
+
+  /**
+   * @generated from field: uint32 max_waiting = 4;
+   */
+  maxWaiting: number;
+};
+
+/**
+ * Describes the message inference.v1.ServerLoad.
+ * Use `create(ServerLoadSchema)` to create a new message.
+ */
+export declare const ServerLoadSchema: GenMessage<ServerLoad>;
+
+/**
  * @generated from message inference.v1.ListModelsResponse
  */
 export declare type ListModelsResponse = Message<"inference.v1.ListModelsResponse"> & {
@@ -1153,6 +1192,11 @@ export declare type ListModelsResponse = Message<"inference.v1.ListModelsRespons
    * @generated from field: string default_model = 2;
    */
   defaultModel: string;
+
+  /**
+   * @generated from field: inference.v1.ServerLoad load = 3;
+   */
+  load?: ServerLoad | undefined;
 };
 
 /**

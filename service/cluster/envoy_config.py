@@ -1,0 +1,126 @@
+"""The Envoy configuration for many replicas, rendered from `envoy.yaml.j2`.
+
+    python -m service.cluster.envoy_config --listen 0.0.0.0:50060 \\
+        --replica 10.0.0.5:50051 --replica 10.0.0.6:50051 --picker 127.0.0.1:50070
+
+or, in Kubernetes, `--replicas-dns inference-replicas:50051` (a headless
+Service: Envoy resolves it to one endpoint per pod).
+"""
+
+from __future__ import annotations
+
+import argparse
+import ipaddress
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import jinja2
+
+from service.cluster.replicas import parse_address
+
+TEMPLATE = Path(__file__).with_name("envoy.yaml.j2")
+
+
+@dataclass(frozen=True)
+class Address:
+    host: str
+    port: int
+
+    @classmethod
+    def parse(cls, text: str) -> Address:
+        return cls(*parse_address(text))
+
+    @property
+    def is_ip(self) -> bool:
+        try:
+            ipaddress.ip_address(self.host)
+        except ValueError:
+            return False
+        return True
+
+
+@dataclass(frozen=True)
+class Endpoints:
+    """A cluster's members: fixed IP addresses, or DNS names Envoy resolves."""
+
+    addresses: list[Address]
+
+    @property
+    def kind(self) -> str:
+        return "STATIC" if all(a.is_ip for a in self.addresses) else "STRICT_DNS"
+
+
+@dataclass(frozen=True)
+class EnvoyLayout:
+    listen: Address
+    replicas: Endpoints
+    picker: Address | None  # None: Envoy's least-request alone, no endpoint picker
+    admin: Address = field(default_factory=lambda: Address("127.0.0.1", 9901))
+    retries: int = 2
+    health_interval: float = 1.0
+    picker_timeout_ms: int = 200
+    stream_idle_timeout: int = 900
+
+
+def render(layout: EnvoyLayout) -> str:
+    environment = jinja2.Environment(
+        undefined=jinja2.StrictUndefined, keep_trailing_newline=True, autoescape=False
+    )
+    template = environment.from_string(TEMPLATE.read_text())
+    return template.render(
+        listen=layout.listen,
+        admin=layout.admin,
+        replicas=layout.replicas,
+        picker=layout.picker
+        and {
+            "kind": Endpoints([layout.picker]).kind,
+            "address": layout.picker,
+        },
+        retries=layout.retries,
+        health_interval=layout.health_interval,
+        picker_timeout_ms=layout.picker_timeout_ms,
+        stream_idle_timeout=layout.stream_idle_timeout,
+    )
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="python -m service.cluster.envoy_config",
+        description="Write the Envoy configuration for replicas behind the endpoint picker.",
+    )
+    parser.add_argument("--listen", default="127.0.0.1:50060", help="Envoy's gRPC HOST:PORT.")
+    parser.add_argument(
+        "--replica", action="append", default=[], help="A replica's HOST:PORT; repeatable."
+    )
+    parser.add_argument(
+        "--replicas-dns", action="append", default=[], help="NAME:PORT of all replicas."
+    )
+    parser.add_argument(
+        "--picker", default="127.0.0.1:50070", help="The picker's HOST:PORT ('none': no picker)."
+    )
+    parser.add_argument("--admin", default="127.0.0.1:9901", help="Envoy's admin HOST:PORT.")
+    parser.add_argument("--retries", type=int, default=2, help="Retries of a refused request.")
+    return parser
+
+
+def layout_from_args(argv: Sequence[str] | None = None) -> EnvoyLayout:
+    args = build_parser().parse_args(argv)
+    replicas = [Address.parse(text) for text in args.replica + args.replicas_dns]
+    if not replicas:
+        raise SystemExit("name the replicas: --replica HOST:PORT or --replicas-dns NAME:PORT")
+    return EnvoyLayout(
+        listen=Address.parse(args.listen),
+        replicas=Endpoints(replicas),
+        picker=None if args.picker == "none" else Address.parse(args.picker),
+        admin=Address.parse(args.admin),
+        retries=args.retries,
+    )
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    print(render(layout_from_args(argv)), end="")
+
+
+if __name__ == "__main__":
+    main()

