@@ -446,6 +446,7 @@ def build_parser() -> argparse.ArgumentParser:
         prog="inference-server",
         description="Serve local language and image models over gRPC (package inference.v1).",
         argument_default=argparse.SUPPRESS,  # only flags given on the command line count
+        allow_abbrev=False,  # --max-waiting must not quietly mean --max-waiting-sequences
     )
     parser.add_argument(
         "--config",

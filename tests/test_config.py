@@ -37,7 +37,14 @@ def test_model_flag_is_repeatable(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 @pytest.mark.parametrize(
-    "argv", [["--listen", "nope"], ["--threads", "0"], ["--model", "noequals"]]
+    "argv",
+    [
+        ["--listen", "nope"],
+        ["--threads", "0"],
+        ["--model", "noequals"],
+        # a misspelled flag, not an abbreviation of --max-waiting-sequences
+        ["--max-waiting", "0"],
+    ],
 )
 def test_bad_settings_stop_start_up_with_a_message(argv: list[str]) -> None:
     with pytest.raises(SystemExit):

@@ -88,6 +88,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="python -m service.cluster.envoy_config",
         description="Write the Envoy configuration for replicas behind the endpoint picker.",
+        allow_abbrev=False,
     )
     parser.add_argument("--listen", default="127.0.0.1:50060", help="Envoy's gRPC HOST:PORT.")
     parser.add_argument(

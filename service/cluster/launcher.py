@@ -92,6 +92,7 @@ class Cluster:
         self.envoy: Child | None = None
         self.listen = ""
         self.admin = ""
+        self._picker_command: list[str] = []
 
     def _spawn(self, role: str, address: str, command: list[str]) -> Child:
         # preexec_fn is safe here: the launcher runs no threads.
@@ -113,8 +114,10 @@ class Cluster:
         picker = _concrete(self.args.picker_listen)
         picker_command = [sys.executable, "-m", "service.cluster.picker"]
         picker_command += ["--listen", _address(picker.host, picker.port)]
+        picker_command += ["--poll-interval", str(self.args.poll_interval)]
         for replica in self.replicas:
             picker_command += ["--replica", replica.address]
+        self._picker_command = picker_command
         self.picker = self._spawn("picker", _address(picker.host, picker.port), picker_command)
         self._start_envoy(picker)
 
@@ -129,7 +132,8 @@ class Cluster:
         config.write_text(render(layout))
         admin_file = self.workdir / "admin-address"
         command = [envoy_binary(), "-c", str(config), "--disable-hot-restart"]
-        command += ["--admin-address-path", str(admin_file), "--log-level", "warning"]
+        command += ["--admin-address-path", str(admin_file)]
+        command += ["--log-level", self.args.envoy_log_level]
         command += ["--concurrency", str(self.args.envoy_threads)]
         self.envoy = self._spawn("envoy", self.args.listen, command)
         self.admin = self._wait_for(lambda: _read(admin_file), "Envoy's admin address")
@@ -160,10 +164,34 @@ class Cluster:
                 stub = health_pb2_grpc.HealthStub(channel)
                 self._wait_for(lambda stub=stub: _serving(stub), f"replica {replica.address}")
 
+    def wait_until_envoy_sees_them(self) -> None:
+        """Envoy's own health checks pass for every replica, so that its fallback
+        balancing (without the picker) has them too."""
+        self._wait_for(self._all_healthy_in_envoy, "Envoy to see the replicas healthy")
+
+    def _all_healthy_in_envoy(self) -> bool:
+        with urllib.request.urlopen(f"http://{self.admin}/clusters", timeout=2) as answer:
+            lines = answer.read().decode().splitlines()
+        healthy = {
+            line.split("::")[1]
+            for line in lines
+            if line.startswith("replicas::") and line.endswith("::health_flags::healthy")
+        }
+        return healthy >= {replica.address for replica in self.replicas}
+
     def _check_alive(self) -> None:
         for child in (self.picker, self.envoy):
             if child is not None and child.process.poll() is not None:
                 raise SystemExit(f"{child.role} exited with status {child.process.returncode}")
+
+    def _restart_picker_if_dead(self) -> None:
+        """Envoy serves on without the picker (least-request), but cache and model
+        affinity need it back: start it again."""
+        picker = self.picker
+        if picker is None or picker.process.poll() is None:
+            return
+        log.warning("picker exited; starting it again", status=picker.process.returncode)
+        self.picker = self._spawn("picker", picker.address, self._picker_command)
 
     def announce(self) -> None:
         assert self.envoy is not None
@@ -177,7 +205,7 @@ class Cluster:
         )
 
     def supervise(self, stopping: list[int]) -> int:
-        """Until a signal arrives or the picker or Envoy dies; the exit status."""
+        """Until a signal arrives or Envoy dies; the exit status."""
         reported: set[int] = set()
         while not stopping:
             for replica in self.replicas:
@@ -185,6 +213,7 @@ class Cluster:
                 if code is not None and replica.process.pid not in reported:
                     reported.add(replica.process.pid)
                     log.warning("replica exited", address=replica.address, status=code)
+            self._restart_picker_if_dead()
             try:
                 self._check_alive()
             except SystemExit as exc:
@@ -237,6 +266,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="inference-cluster",
         description="Run N inference replicas, the endpoint picker and Envoy on this machine.",
+        allow_abbrev=False,
     )
     parser.add_argument("--replicas", type=int, default=3, help="How many replicas (default 3).")
     parser.add_argument(
@@ -256,6 +286,18 @@ def build_parser() -> argparse.ArgumentParser:
         "--no-picker",
         action="store_true",
         help="Envoy's least-request balancing alone, for comparison with the picker.",
+    )
+    parser.add_argument(
+        "--poll-interval",
+        type=float,
+        default=0.5,
+        help="Seconds between the picker's polls of each replica (default %(default)s).",
+    )
+    parser.add_argument(
+        "--envoy-log-level",
+        default="warning",
+        choices=["trace", "debug", "info", "warning", "error", "critical", "off"],
+        help="Envoy's log level (default %(default)s).",
     )
     parser.add_argument("--envoy-threads", type=int, default=2, help="Envoy's worker threads.")
     parser.add_argument(
@@ -294,6 +336,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     try:
         cluster.start()
         cluster.wait_until_serving()
+        cluster.wait_until_envoy_sees_them()
         cluster.announce()
         status = cluster.supervise(stopping)
     finally:

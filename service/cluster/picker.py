@@ -205,6 +205,7 @@ async def serve_picker(settings: PickerSettings) -> None:
         settings.replicas_dns,
         interval=settings.poll_interval,
         timeout=settings.poll_timeout,
+        token=settings.replica_token.get_secret_value() if settings.replica_token else None,
         on_lost=table.forget,
     )
     server = grpc.aio.server()

@@ -89,6 +89,7 @@ class ReplicaMonitor:
         *,
         interval: float = 0.5,
         timeout: float = 1.0,
+        token: str | None = None,
         on_lost: Callable[[str], None] = lambda address: None,
     ) -> None:
         self.replicas: dict[str, Replica] = {}
@@ -97,6 +98,7 @@ class ReplicaMonitor:
         self._interval = interval
         self._timeout = timeout
         self._on_lost = on_lost
+        self._metadata = (("authorization", f"Bearer {token}"),) if token else ()
         self._channels: dict[str, grpc.aio.Channel] = {}
         self.refreshed = asyncio.Event()
 
@@ -145,7 +147,7 @@ class ReplicaMonitor:
                 health_pb2.HealthCheckRequest(service=INFERENCE_SERVICE), timeout=self._timeout
             )
             models = await pb_grpc.InferenceStub(channel).ListModels(
-                pb.ListModelsRequest(), timeout=self._timeout
+                pb.ListModelsRequest(), timeout=self._timeout, metadata=self._metadata
             )
         except grpc.aio.AioRpcError as exc:
             self._mark_down(replica, exc.code().name)

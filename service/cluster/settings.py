@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Literal
 
-from pydantic import Field
+from pydantic import Field, SecretStr
 from pydantic_settings import BaseSettings, CliApp, SettingsConfigDict
 
 LogFormat = Literal["auto", "json", "console"]
@@ -30,6 +30,10 @@ class PickerSettings(BaseSettings):
         default_factory=list,
         description="NAME:PORT resolved on every refresh, one replica per address "
         "(a Kubernetes headless Service); repeatable.",
+    )
+    replica_token: SecretStr | None = Field(
+        default=None,
+        description="Bearer token for asking replicas started with --auth-token their load.",
     )
     poll_interval: float = Field(
         default=0.5, gt=0, description="Seconds between asking each replica its health and load."

@@ -1,0 +1,117 @@
+"""`inference-cluster` in a child process: real replicas, the real picker and a
+real Envoy on loopback, for the scale-out tests."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import Any
+
+import grpc
+
+from inference.v1 import inference_pb2 as pb
+from inference.v1 import inference_pb2_grpc as pb_grpc
+
+POLL_INTERVAL = 0.2
+
+
+@dataclass
+class ClusterProcess:
+    process: subprocess.Popen[str]
+    log: list[str] = field(default_factory=list)
+    ready: dict[str, Any] = field(default_factory=dict)
+
+    def read_log(self) -> None:
+        assert self.process.stderr is not None
+        for line in self.process.stderr:
+            self.log.append(line)
+            if line.startswith('{"') and '"cluster ready"' in line:
+                self.ready = json.loads(line)
+
+    def wait_until_ready(self, timeout: float = 120) -> None:
+        deadline = time.monotonic() + timeout
+        while not self.ready and time.monotonic() < deadline:
+            assert self.process.poll() is None, f"the cluster exited: {self.log[-10:]}"
+            time.sleep(0.05)
+        assert self.ready, f"the cluster never got ready: {self.log[-10:]}"
+
+    @property
+    def listen(self) -> str:
+        return str(self.ready["listen"])
+
+    @property
+    def replicas(self) -> list[str]:
+        return [replica["address"] for replica in self.ready["replicas"]]
+
+    def pid(self, replica: str) -> int:
+        return next(int(r["pid"]) for r in self.ready["replicas"] if r["address"] == replica)
+
+    def signal_replica(self, replica: str, signum: signal.Signals) -> None:
+        os.kill(self.pid(replica), signum)
+
+    def picker_pid(self) -> int:
+        return int(self.ready["picker"]["pid"])
+
+
+@contextmanager
+def cluster_process(replicas: int, server_args: Sequence[str] = ()) -> Iterator[ClusterProcess]:
+    """A cluster with free ports everywhere; stopped (SIGTERM, then SIGKILL) at the end."""
+    command = [
+        sys.executable, "-m", "service.cluster.launcher", "--replicas", str(replicas),
+        "--listen", "127.0.0.1:0", "--replica-base-port", "0", "--picker-listen", "127.0.0.1:0",
+        "--poll-interval", str(POLL_INTERVAL), "--envoy-threads", "1", "--log-format", "json",
+        "--", "--threads", "1", *server_args,
+    ]  # fmt: skip
+    env = {**os.environ, "INFERENCE_LOG_FORMAT": "json"}
+    process = subprocess.Popen(command, stderr=subprocess.PIPE, text=True, env=env)
+    cluster = ClusterProcess(process)
+    reader = threading.Thread(target=cluster.read_log, daemon=True)
+    reader.start()
+    try:
+        cluster.wait_until_ready()
+        yield cluster
+    finally:
+        process.send_signal(signal.SIGTERM)
+        try:
+            process.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait(timeout=10)
+        reader.join(timeout=10)
+        assert process.stderr is not None
+        process.stderr.close()
+
+
+def served_by(call: grpc.Call) -> str:
+    """The replica Envoy sent the call to (its x-inference-replica header)."""
+    metadata = dict(call.initial_metadata()) or dict(call.trailing_metadata())
+    return str(metadata["x-inference-replica"])
+
+
+def generate(
+    stub: pb_grpc.InferenceStub, request: pb.GenerateRequest, timeout: float = 60
+) -> tuple[str, pb.GenerationFinished, str]:
+    """(text, the finished event, the replica that served it)."""
+    call = stub.Generate(request, timeout=timeout)
+    text = ""
+    finished = pb.GenerationFinished()
+    for response in call:
+        if response.HasField("delta"):
+            text += response.delta.text
+        if response.HasField("finished"):
+            finished = response.finished
+    return text, finished, served_by(call)
+
+
+def loaded_models(address: str) -> set[str]:
+    with grpc.insecure_channel(address) as channel:
+        answer = pb_grpc.InferenceStub(channel).ListModels(pb.ListModelsRequest(), timeout=10)
+    return {model.name for model in answer.models if model.loaded}

@@ -1,0 +1,269 @@
+"""The endpoint picker's parts, without processes: prompt blocks, the prefix
+table, the ranking, reading a request body, its ext_proc answers, and the
+Envoy configuration it works with (checked by the real Envoy binary)."""
+
+from __future__ import annotations
+
+import asyncio
+import struct
+import subprocess
+import sys
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any, cast
+
+import pytest
+from envoy.service.ext_proc.v3 import external_processor_pb2 as ext
+
+from inference.v1 import inference_pb2 as pb
+from service.cluster.envoy_config import layout_from_args, render
+from service.cluster.picker import ENDPOINT_HEADER, EndpointPicker, read_grpc_message
+from service.cluster.prefix_table import PrefixTable
+from service.cluster.prompt_blocks import chained_blocks, generation_pieces
+from service.cluster.ranking import rank
+from service.cluster.replicas import Replica, ReplicaMonitor
+
+A, B, C = "10.0.0.1:50051", "10.0.0.2:50051", "10.0.0.3:50051"
+NO_CONTEXT = cast(Any, None)  # the picker never touches its ServicerContext
+
+
+def chat(*texts: str) -> pb.GenerateRequest:
+    roles = ("user", "assistant")
+    return pb.GenerateRequest(
+        messages=[pb.ChatMessage(role=roles[i % 2], content=t) for i, t in enumerate(texts)]
+    )
+
+
+def blocks_of(request: pb.GenerateRequest):
+    return chained_blocks(generation_pieces(request))
+
+
+def replica(address: str, *, load: int = 0, models: tuple[str, ...] = ("m",), **kw) -> Replica:
+    found = Replica(address, up=True, default_model="m", **kw)
+    found.engines = dict.fromkeys(models, 1)
+    found.running = load
+    return found
+
+
+# --- prompt blocks and the prefix table ------------------------------------------
+
+
+def test_the_next_turn_repeats_every_block_of_the_previous_one() -> None:
+    first = blocks_of(chat("Name a colour.", "Blue.", "Another?"))
+    second = blocks_of(chat("Name a colour.", "Blue.", "Another?", "Red.", "And one more?"))
+    assert [b.digest for b in second[: len(first)]] == [b.digest for b in first]
+    assert second[len(first)].digest not in {b.digest for b in first}
+
+
+def test_long_text_is_cut_into_blocks_that_cover_what_came_before() -> None:
+    shared = "x" * 200
+    one = chained_blocks([shared + "tail one"])
+    two = chained_blocks([shared + "tail two"])
+    assert [b.end for b in one] == [64, 128, 192, 208]
+    assert [b.digest for b in one[:3]] == [b.digest for b in two[:3]]
+    assert one[3].digest != two[3].digest
+
+
+def test_message_boundaries_are_part_of_the_text() -> None:
+    assert blocks_of(chat("ab", "c"))[-1].digest != blocks_of(chat("a", "bc"))[-1].digest
+
+
+def test_the_table_finds_the_longest_prefix_each_replica_was_sent() -> None:
+    table = PrefixTable()
+    short = blocks_of(chat("Hello"))
+    longer = blocks_of(chat("Hello", "Hi!", "How are you?"))
+    table.record(A, short)
+    table.record(B, longer)
+    matched = table.matched_chars(blocks_of(chat("Hello", "Hi!", "How are you?", "Fine.")))
+    assert matched[B] > matched[A] > 0
+    assert C not in matched
+
+
+def test_the_table_forgets_the_oldest_blocks_and_lost_replicas() -> None:
+    table = PrefixTable(capacity=2)
+    table.record(A, chained_blocks(["a" * 200]))  # 4 blocks, only the last 2 kept
+    assert len(table) == 2
+    assert table.matched_chars(chained_blocks(["a" * 200])) == {}  # the first block is gone
+    table = PrefixTable()
+    table.record(A, short := chained_blocks(["hello"]))
+    table.record(B, short)
+    table.forget(A)
+    assert table.matched_chars(short) == {B: 5}
+
+
+# --- ranking ------------------------------------------------------------------------
+
+
+def test_replicas_that_are_down_are_never_named() -> None:
+    down = replica(A)
+    down.up = False
+    assert rank([down, replica(B)], "m", {}) == [B]
+    assert rank([down], "m", {}) == []
+
+
+def test_a_loaded_model_beats_a_less_busy_replica_that_would_load_it() -> None:
+    assert rank([replica(A, load=3, models=("x",)), replica(B)], "x", {})[0] == A
+
+
+def test_the_default_model_is_loaded_where_the_replica_says_it_is() -> None:
+    assert rank([replica(A, load=2), replica(B, load=1, models=())], "", {})[0] == A
+
+
+def test_a_cached_prefix_wins_within_the_balance_and_loses_beyond_it() -> None:
+    replicas = [replica(A, load=3), replica(B, load=0)]
+    assert rank(replicas, "m", {A: 500}, balance=8)[0] == A
+    assert rank(replicas, "m", {A: 500}, balance=2)[0] == B
+
+
+def test_a_replica_at_its_limit_goes_last() -> None:
+    full = replica(A, load=1, max_running=1, max_waiting=0)
+    assert full.saturated
+    assert rank([full, replica(B, load=5, models=())], "m", {A: 500}) == [B, A]
+
+
+def test_requests_the_picker_routed_count_before_the_next_poll() -> None:
+    busy = replica(A)
+    busy.routed = 4
+    assert busy.load == 4
+    assert rank([busy, replica(B, load=1)], "m", {})[0] == B
+
+
+def test_a_cold_model_goes_to_the_least_busy_replica() -> None:
+    assert rank([replica(A, load=2), replica(B, load=1), replica(C, load=3)], "new", {}) == [
+        B,
+        A,
+        C,
+    ]
+
+
+def test_a_replaced_engine_or_a_replica_back_up_forgets_its_cache() -> None:
+    lost: list[str] = []
+    monitor = ReplicaMonitor(on_lost=lost.append)
+    seen = Replica(A)
+    answer = pb.ListModelsResponse(
+        models=[pb.ModelInfo(name="m", loaded=True, engine_pid=7)], default_model="m"
+    )
+    monitor._update(seen, answer)  # up again
+    monitor._update(seen, answer)  # nothing changed
+    answer.models[0].engine_pid = 8
+    monitor._update(seen, answer)  # the engine was replaced
+    assert lost == [A, A]
+
+
+# --- the request body and the ext_proc answers -----------------------------------------
+
+
+def frame(message: pb.GenerateRequest, *, compressed: int = 0) -> bytes:
+    payload = message.SerializeToString()
+    return struct.pack(">BI", compressed, len(payload)) + payload
+
+
+def test_a_request_body_is_read_only_when_it_is_one_whole_uncompressed_message() -> None:
+    request = pb.GenerateRequest(model="m", prompt="Hi")
+    assert read_grpc_message(frame(request), pb.GenerateRequest) == request
+    assert read_grpc_message(frame(request)[:-1], pb.GenerateRequest) is None
+    assert read_grpc_message(frame(request, compressed=1), pb.GenerateRequest) is None
+    assert read_grpc_message(b"\x00\x00\x00\x00\x02\xff\xff", pb.GenerateRequest) is None
+
+
+class Monitor:
+    def __init__(self, *replicas: Replica) -> None:
+        self.replicas = {r.address: r for r in replicas}
+
+
+def headers_message(path: str) -> ext.ProcessingRequest:
+    message = ext.ProcessingRequest()
+    message.request_headers.headers.headers.add(key=":path", raw_value=path.encode())
+    return message
+
+
+def body_message(request: pb.GenerateRequest) -> ext.ProcessingRequest:
+    message = ext.ProcessingRequest()
+    message.request_body.body = frame(request)
+    message.request_body.end_of_stream = True
+    return message
+
+
+async def feed(
+    messages: tuple[ext.ProcessingRequest, ...],
+) -> AsyncIterator[ext.ProcessingRequest]:
+    for message in messages:
+        yield message
+
+
+async def exchange(
+    picker: EndpointPicker, *messages: ext.ProcessingRequest
+) -> list[ext.ProcessingResponse]:
+    return [answer async for answer in picker.Process(feed(messages), NO_CONTEXT)]
+
+
+def test_a_generate_request_is_sent_to_the_ranked_replicas_and_counted_while_it_runs() -> None:
+    busy, idle = replica(A, load=2), replica(B)
+    picker = EndpointPicker(Monitor(busy, idle), PrefixTable(), balance=8)  # type: ignore[arg-type]
+    messages = (
+        headers_message("/inference.v1.Inference/Generate"),
+        body_message(pb.GenerateRequest(prompt="Hi")),
+    )
+
+    async def run() -> list[ext.ProcessingResponse]:
+        answers = []
+        async for answer in picker.Process(feed(messages), NO_CONTEXT):
+            answers.append(answer)
+            if len(answers) == 2:
+                assert idle.routed == 1  # counted while the request runs
+        return answers
+
+    on_headers, on_body = asyncio.run(run())
+    assert on_headers.request_headers.response.header_mutation.remove_headers == [ENDPOINT_HEADER]
+    assert not on_headers.HasField("mode_override")
+    (chosen,) = on_body.request_body.response.header_mutation.set_headers
+    assert chosen.header.key == ENDPOINT_HEADER
+    assert chosen.header.raw_value == f"{B},{A}".encode()
+    assert idle.routed == 0  # released when Envoy closed the stream
+
+
+def test_other_methods_skip_the_body_and_are_left_to_envoy() -> None:
+    picker = EndpointPicker(Monitor(replica(A)), PrefixTable(), balance=8)  # type: ignore[arg-type]
+    (answer,) = asyncio.run(exchange(picker, headers_message("/inference.v1.Inference/ListModels")))
+    assert answer.mode_override.request_body_mode == answer.mode_override.NONE
+    assert not answer.request_headers.response.header_mutation.set_headers
+
+
+# --- the Envoy configuration ---------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "arguments",
+    [
+        ["--replica", "127.0.0.1:50061", "--replica", "127.0.0.1:50062"],
+        ["--replicas-dns", "inference-replicas.inference.svc.cluster.local:50051"],
+        ["--replica", "127.0.0.1:50061", "--picker", "none"],
+    ],
+)
+def test_envoy_accepts_the_rendered_configuration(tmp_path: Path, arguments: list[str]) -> None:
+    config = tmp_path / "envoy.yaml"
+    config.write_text(render(layout_from_args(arguments)))
+    envoy = Path(sys.executable).with_name("envoy")
+    checked = subprocess.run(
+        [str(envoy), "--mode", "validate", "-c", str(config), "--log-level", "error"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert checked.returncode == 0, checked.stderr
+    assert "OK" in checked.stdout + checked.stderr
+
+
+def test_the_configuration_names_every_replica_and_the_picker_only_when_there_is_one() -> None:
+    with_picker = render(layout_from_args(["--replica", A, "--replica", B]))
+    assert with_picker.count("port_value: 50051") == 2
+    assert "ext_proc" in with_picker
+    assert "type: STATIC" in with_picker
+    alone = render(layout_from_args(["--replicas-dns", "replicas:50051", "--picker", "none"]))
+    assert "ext_proc" not in alone
+    assert "type: STRICT_DNS" in alone
+
+
+def test_a_cluster_without_replicas_is_refused() -> None:
+    with pytest.raises(SystemExit, match="name the replicas"):
+        layout_from_args([])
