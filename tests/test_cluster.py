@@ -5,13 +5,20 @@ overload, drain, failover, and serving on without the picker."""
 from __future__ import annotations
 
 import os
+import shutil
 import signal
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Iterator
+from pathlib import Path
 
 import grpc
 import pytest
+from grpc_reflection.v1alpha.proto_reflection_descriptor_database import (
+    ProtoReflectionDescriptorDatabase,
+)
 
 from inference.v1 import inference_pb2 as pb
 from inference.v1 import inference_pb2_grpc as pb_grpc
@@ -25,6 +32,8 @@ from tests.cluster_process import (
 )
 from tests.conftest import GEMMA
 
+NODE = shutil.which("node")
+NODE_CLIENT = Path(__file__).resolve().parent.parent / "clients" / "node"
 # The picker has seen a change once it has polled every replica again.
 SEEN = 4 * POLL_INTERVAL + 0.5
 # A raw prompt the instruct model keeps continuing: a stream that runs for seconds.
@@ -118,6 +127,32 @@ def test_a_model_goes_where_it_is_loaded_and_a_cold_one_to_the_least_busy(
         request = pb.GenerateRequest(model=GEMMA, prompt=text, max_tokens=4, temperature=0)
         assert generate(through_envoy, request)[2] == idle  # loaded there only: no second load
     assert [GEMMA in loaded_models(r) for r in cluster.replicas] == [False, False, True]
+
+
+def test_every_client_works_through_envoy_unchanged(cluster: ClusterProcess) -> None:
+    """The Python and Node.js command-line clients, and server reflection (what
+    grpcurl uses), all through Envoy."""
+    python_cli = [sys.executable, "-m", "clients.cli", "--target", cluster.listen]
+    done = subprocess.run(
+        [*python_cli, "generate", "--max-tokens", "4", "--temperature", "0", "Hi"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip()
+    if NODE is not None and (NODE_CLIENT / "node_modules").exists():
+        node = [NODE, str(NODE_CLIENT / "src" / "cli.mjs"), "--target", cluster.listen]
+        done = subprocess.run(
+            [*node, "generate", "--max-tokens", "4", "Hi"],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        assert done.returncode == 0, done.stderr
+    with grpc.insecure_channel(cluster.listen) as channel:
+        services = ProtoReflectionDescriptorDatabase(channel).get_services()
+    assert "inference.v1.Inference" in services
 
 
 def test_a_replica_at_its_limit_is_passed_over() -> None:
