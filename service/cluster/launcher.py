@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import ctypes
+import functools
 import json
 import shutil
 import signal
@@ -24,7 +25,7 @@ import sys
 import tempfile
 import time
 import urllib.request
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from types import FrameType
@@ -146,12 +147,12 @@ class Cluster:
         socket_address = listeners[0]["local_address"]["socket_address"]
         return _address(socket_address["address"], socket_address["port_value"])
 
-    def _wait_for(self, probe: object, what: str) -> str:
+    def _wait_for(self, probe: Callable[[], object], what: str) -> str:
         deadline = time.monotonic() + START_TIMEOUT
         while time.monotonic() < deadline:
             self._check_alive()
             with contextlib.suppress(OSError, KeyError, IndexError, ValueError):
-                found = probe()  # type: ignore[operator]
+                found = probe()
                 if found:
                     return str(found)
             time.sleep(0.05)
@@ -162,7 +163,7 @@ class Cluster:
         for replica in self.replicas:
             with grpc.insecure_channel(replica.address) as channel:
                 stub = health_pb2_grpc.HealthStub(channel)
-                self._wait_for(lambda stub=stub: _serving(stub), f"replica {replica.address}")
+                self._wait_for(functools.partial(_serving, stub), f"replica {replica.address}")
 
     def wait_until_envoy_sees_them(self) -> None:
         """Envoy's own health checks pass for every replica, so that its fallback
