@@ -24,7 +24,20 @@ from service.cluster.ranking import rank
 from service.cluster.replicas import Replica, ReplicaMonitor
 
 A, B, C = "10.0.0.1:50051", "10.0.0.2:50051", "10.0.0.3:50051"
-NO_CONTEXT = cast(Any, None)  # the picker never touches its ServicerContext
+
+
+class Context:
+    """What the picker reads of its ServicerContext: the stream's metadata."""
+
+    def __init__(self, method: str = "") -> None:
+        self._metadata = (("x-inference-method", method),) if method else ()
+
+    def invocation_metadata(self) -> tuple[tuple[str, str], ...]:
+        return self._metadata
+
+
+def context(method: str = "") -> Any:
+    return cast(Any, Context(method))
 
 
 def chat(*texts: str) -> pb.GenerateRequest:
@@ -126,6 +139,9 @@ def test_requests_the_picker_routed_count_before_the_next_poll() -> None:
     busy.routed = 4
     assert busy.load == 4
     assert rank([busy, replica(B, load=1)], "m", {})[0] == B
+    monitor = ReplicaMonitor()
+    monitor._update(busy, pb.ListModelsResponse(load=pb.ServerLoad(running=3)))
+    assert busy.load == 3  # the poll's count includes them
 
 
 def test_a_cold_model_goes_to_the_least_busy_replica() -> None:
@@ -158,12 +174,24 @@ def frame(message: pb.GenerateRequest, *, compressed: int = 0) -> bytes:
     return struct.pack(">BI", compressed, len(payload)) + payload
 
 
-def test_a_request_body_is_read_only_when_it_is_one_whole_uncompressed_message() -> None:
-    request = pb.GenerateRequest(model="m", prompt="Hi")
-    assert read_grpc_message(frame(request), pb.GenerateRequest) == request
-    assert read_grpc_message(frame(request)[:-1], pb.GenerateRequest) is None
+def test_a_request_body_is_read_whole_or_as_far_as_it_arrived() -> None:
+    request = chat("Name a colour.", "Blue.", "Another?")
+    request.model = "m"
+    whole = frame(request)
+    assert read_grpc_message(whole, pb.GenerateRequest) == request
+    cut = read_grpc_message(whole[:-3], pb.GenerateRequest)  # inside the last message
+    assert isinstance(cut, pb.GenerateRequest)
+    assert cut.model == "m"
+    assert [m.content for m in cut.messages] == ["Name a colour.", "Blue."]
     assert read_grpc_message(frame(request, compressed=1), pb.GenerateRequest) is None
-    assert read_grpc_message(b"\x00\x00\x00\x00\x02\xff\xff", pb.GenerateRequest) is None
+    assert read_grpc_message(b"\x00\x00", pb.GenerateRequest) is None
+
+
+def test_a_body_that_is_not_the_message_it_claims_is_not_read() -> None:
+    # field 1 says "string" but holds bytes that are not UTF-8
+    garbage = b"\x0a\x02\xff\xfe"
+    body = struct.pack(">BI", 0, len(garbage)) + garbage
+    assert read_grpc_message(body, pb.GenerateRequest) is None
 
 
 class Monitor:
@@ -192,41 +220,62 @@ async def feed(
 
 
 async def exchange(
-    picker: EndpointPicker, *messages: ext.ProcessingRequest
+    picker: EndpointPicker, method: str, *messages: ext.ProcessingRequest
 ) -> list[ext.ProcessingResponse]:
-    return [answer async for answer in picker.Process(feed(messages), NO_CONTEXT)]
+    return [answer async for answer in picker.Process(feed(messages), context(method))]
 
 
-def test_a_generate_request_is_sent_to_the_ranked_replicas_and_counted_while_it_runs() -> None:
+def test_a_generate_request_is_sent_to_the_ranked_replicas_and_counted_at_once() -> None:
     busy, idle = replica(A, load=2), replica(B)
     picker = EndpointPicker(Monitor(busy, idle), PrefixTable(), balance=8)  # type: ignore[arg-type]
-    messages = (
-        headers_message("/inference.v1.Inference/Generate"),
-        body_message(pb.GenerateRequest(prompt="Hi")),
-    )
+    body = body_message(pb.GenerateRequest(prompt="Hi"))
 
-    async def run() -> list[ext.ProcessingResponse]:
-        answers = []
-        async for answer in picker.Process(feed(messages), NO_CONTEXT):
-            answers.append(answer)
-            if len(answers) == 2:
-                assert idle.routed == 1  # counted while the request runs
-        return answers
-
-    on_headers, on_body = asyncio.run(run())
-    assert on_headers.request_headers.response.header_mutation.remove_headers == [ENDPOINT_HEADER]
-    assert not on_headers.HasField("mode_override")
+    (on_body,) = asyncio.run(exchange(picker, "Generate", body))
     (chosen,) = on_body.request_body.response.header_mutation.set_headers
     assert chosen.header.key == ENDPOINT_HEADER
     assert chosen.header.raw_value == f"{B},{A}".encode()
-    assert idle.routed == 0  # released when Envoy closed the stream
+    assert idle.routed == 1  # counted until the next poll reports it
+
+
+def test_an_admit_body_is_read_as_an_admit_request() -> None:
+    cold, warm = replica(A, models=()), replica(B, load=3, models=("x",))
+    picker = EndpointPicker(Monitor(cold, warm), PrefixTable(), balance=8)  # type: ignore[arg-type]
+    admit = pb.AdmitRequest(model="x")
+    payload = admit.SerializeToString()
+    body = ext.ProcessingRequest()
+    body.request_body.body = struct.pack(">BI", 0, len(payload)) + payload
+    (answer,) = asyncio.run(exchange(picker, "Admit", body))
+    (chosen,) = answer.request_body.response.header_mutation.set_headers
+    assert chosen.header.raw_value.startswith(B.encode())
+
+
+def test_with_headers_sent_too_the_path_names_the_method() -> None:
+    picker = EndpointPicker(Monitor(replica(A)), PrefixTable(), balance=8)  # type: ignore[arg-type]
+    on_headers, on_body = asyncio.run(
+        exchange(
+            picker,
+            "",
+            headers_message("/inference.v1.Inference/Generate"),
+            body_message(pb.GenerateRequest(prompt="Hi")),
+        )
+    )
+    assert on_headers.request_headers.response.header_mutation.remove_headers == [ENDPOINT_HEADER]
+    assert not on_headers.HasField("mode_override")
+    assert on_body.request_body.response.header_mutation.set_headers
 
 
 def test_other_methods_skip_the_body_and_are_left_to_envoy() -> None:
     picker = EndpointPicker(Monitor(replica(A)), PrefixTable(), balance=8)  # type: ignore[arg-type]
-    (answer,) = asyncio.run(exchange(picker, headers_message("/inference.v1.Inference/ListModels")))
+    path = "/inference.v1.Inference/ListModels"
+    (answer,) = asyncio.run(exchange(picker, "", headers_message(path)))
     assert answer.mode_override.request_body_mode == answer.mode_override.NONE
     assert not answer.request_headers.response.header_mutation.set_headers
+
+
+def test_a_body_of_an_unknown_method_is_left_to_envoy() -> None:
+    picker = EndpointPicker(Monitor(replica(A)), PrefixTable(), balance=8)  # type: ignore[arg-type]
+    (answer,) = asyncio.run(exchange(picker, "", body_message(pb.GenerateRequest(prompt="Hi"))))
+    assert not answer.request_body.response.header_mutation.set_headers
 
 
 # --- the Envoy configuration ---------------------------------------------------------
@@ -257,10 +306,10 @@ def test_envoy_accepts_the_rendered_configuration(tmp_path: Path, arguments: lis
 def test_the_configuration_names_every_replica_and_the_picker_only_when_there_is_one() -> None:
     with_picker = render(layout_from_args(["--replica", A, "--replica", B]))
     assert with_picker.count("port_value: 50051") == 2
-    assert "ext_proc" in with_picker
+    assert "envoy.filters.http.ext_proc" in with_picker
     assert "type: STATIC" in with_picker
     alone = render(layout_from_args(["--replicas-dns", "replicas:50051", "--picker", "none"]))
-    assert "ext_proc" not in alone
+    assert "envoy.filters.http.ext_proc" not in alone
     assert "type: STRICT_DNS" in alone
 
 

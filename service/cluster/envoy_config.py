@@ -20,6 +20,8 @@ import jinja2
 from service.cluster.replicas import parse_address
 
 TEMPLATE = Path(__file__).with_name("envoy.yaml.j2")
+# The RPCs the picker places; the rest go where Envoy's least-request sends them.
+ROUTED_METHODS = ("Generate", "GenerateImage", "Admit")
 
 
 @dataclass(frozen=True)
@@ -81,6 +83,7 @@ def render(layout: EnvoyLayout) -> str:
         health_interval=layout.health_interval,
         picker_timeout_ms=layout.picker_timeout_ms,
         stream_idle_timeout=layout.stream_idle_timeout,
+        routed_methods=ROUTED_METHODS,
     )
 
 

@@ -1,17 +1,18 @@
 """The endpoint picker: an Envoy external processor (ext_proc) that chooses the
 replica for each inference request.
 
-Envoy sends it the request's headers, then its body (the gRPC frame with the
-request message). For Generate, GenerateImage and Admit it reads the model and
-the prompt, ranks the replicas (`ranking`) and answers with one header,
-`x-inference-endpoint: best,next,...`, which Envoy's override-host load
-balancer follows: the first address, and the next on each retry. Any other
-method, or a body it cannot read, goes where Envoy's own least-request
-balancing sends it. If the picker is down or slow, Envoy does the same
-(failure_mode_allow), so serving goes on without it.
+Envoy sends it the body of each Generate, GenerateImage and Admit request (the
+gRPC frame with the request message), naming the method in the stream's
+metadata; a configuration that sends the headers too works as well, with one
+more round trip. From the body it reads the model and the prompt, ranks the
+replicas (`ranking`) and answers with one header, `x-inference-endpoint:
+best,next,...`, which Envoy's override-host load balancer follows: the first
+address, and the next on each retry. Any other method, or a body it cannot
+read, goes where Envoy's own least-request balancing sends it. If the picker
+is down or slow, Envoy does the same (failure_mode_allow), so serving goes on
+without it.
 
-The ext_proc stream lasts as long as the request, so the picker counts each
-replica's requests in flight exactly, between its polls of their load.
+Between two polls of the replicas' load, the requests it sent each count too.
 
     inference-picker --replica 10.0.0.5:50051 --replica 10.0.0.6:50051
 """
@@ -38,18 +39,22 @@ from inference.v1 import inference_pb2 as pb
 from service.cluster.prefix_table import PrefixTable
 from service.cluster.prompt_blocks import Block, chained_blocks, generation_pieces
 from service.cluster.ranking import rank
-from service.cluster.replicas import Replica, ReplicaMonitor
+from service.cluster.replicas import ReplicaMonitor
 from service.cluster.settings import PickerSettings, load_picker_settings
 from service.log import configure_logging
 
 log = structlog.get_logger("picker")
 
 ENDPOINT_HEADER = "x-inference-endpoint"
+# Envoy's routes for the routed methods name the method in the ext_proc stream's
+# metadata, so the picker needs no headers message (envoy.yaml.j2).
+METHOD_METADATA = "x-inference-method"
 ROUTED: dict[str, type[Message]] = {
-    "/inference.v1.Inference/Generate": pb.GenerateRequest,
-    "/inference.v1.Inference/GenerateImage": pb.GenerateImageRequest,
-    "/inference.v1.Inference/Admit": pb.AdmitRequest,
+    "Generate": pb.GenerateRequest,
+    "GenerateImage": pb.GenerateImageRequest,
+    "Admit": pb.AdmitRequest,
 }
+SERVICE_PATH = "/inference.v1.Inference/"
 _SKIP_BODY = processing_mode_pb2.ProcessingMode(
     request_body_mode=processing_mode_pb2.ProcessingMode.NONE
 )
@@ -75,34 +80,75 @@ def routing_input(message: Message) -> RoutingInput:
 
 
 def read_grpc_message(body: bytes, message_type: type[Message]) -> Message | None:
-    """The one uncompressed message in a unary request body; None if it is not one."""
+    """The request message in a unary request's body, or as much of it as has
+    arrived: every field that is there whole (a prompt cut short still routes by
+    its model and its first messages). None if the body is compressed or garbage."""
     if len(body) < 5:
         return None
     compressed, length = struct.unpack(">BI", body[:5])
-    if compressed or len(body) != 5 + length:
-        return None  # compressed, partial (past Envoy's buffer) or several messages
+    if compressed:
+        return None  # grpc-encoding: routed by load alone
+    payload = bytes(body[5 : 5 + length])
     message = message_type()
     try:
-        message.ParseFromString(body[5:])
+        message.ParseFromString(payload[: whole_fields_end(payload)])
     except DecodeError:
         return None  # the replica answers INVALID_ARGUMENT
     return message
 
 
-class _Request:
-    """One request on its way through Envoy."""
+def whole_fields_end(payload: bytes) -> int:
+    """Where the last field that arrived whole ends: a message is a run of fields,
+    so the bytes up to there are a valid message with the fields that came."""
+    position = end = 0
+    while position < len(payload):
+        tag, position = _varint(payload, position)
+        wire_type = tag & 7
+        if wire_type == 0:
+            _, position = _varint(payload, position)
+        elif wire_type == 2:
+            length, position = _varint(payload, position)
+            position += length
+        elif wire_type in (1, 5):
+            position += 8 if wire_type == 1 else 4
+        else:
+            break  # groups: not in our messages
+        if position > len(payload):
+            break
+        end = position
+    return end
 
-    def __init__(self) -> None:
-        self.message_type: type[Message] | None = None
-        self.replica: Replica | None = None
 
-    def release(self) -> None:
-        if self.replica is not None:
-            self.replica.routed -= 1
-            self.replica = None
+def _varint(data: bytes, position: int) -> tuple[int, int]:
+    """A base-128 varint at `position`; past the end if it is cut short."""
+    value = shift = 0
+    while position < len(data):
+        byte = data[position]
+        position += 1
+        value |= (byte & 0x7F) << shift
+        if not byte & 0x80:
+            return value, position
+        shift += 7
+    return value, len(data) + 1
+
+
+class _Exchange:
+    """One request on its way through Envoy: the method, and what is owed back."""
+
+    def __init__(self, method: str) -> None:
+        self.message_type: type[Message] | None = ROUTED.get(method)
+        self.defer_headers = False  # Envoy sends the body before our headers answer
+        self.headers_owed = False
+        self.decided = False
 
 
 class EndpointPicker(ext_grpc.ExternalProcessorServicer):  # type: ignore[misc]  # untyped
+    """Envoy's configuration (envoy.yaml.j2) streams the body without waiting for
+    the picker's answer to the headers, so the picker holds that answer until the
+    body's first chunk is in and answers both at once, the headers carrying its
+    choice: one round trip. Sent the body only after answering the headers (a
+    BUFFERED configuration), it puts its choice in the body's answer instead."""
+
     def __init__(self, monitor: ReplicaMonitor, table: PrefixTable, *, balance: int) -> None:
         self._monitor = monitor
         self._table = table
@@ -113,57 +159,62 @@ class EndpointPicker(ext_grpc.ExternalProcessorServicer):  # type: ignore[misc] 
         request_iterator: AsyncIterator[ext.ProcessingRequest],
         context: grpc.aio.ServicerContext[ext.ProcessingRequest, ext.ProcessingResponse],
     ) -> AsyncIterator[ext.ProcessingResponse]:
-        request = _Request()
-        try:
-            async for message in request_iterator:
-                yield self._answer(message, request)
-        finally:
-            request.release()
+        metadata = dict(context.invocation_metadata() or ())
+        exchange = _Exchange(str(metadata.get(METHOD_METADATA, "")))
+        async for message in request_iterator:
+            for answer in self._answers(message, exchange):
+                yield answer
 
-    def _answer(self, message: ext.ProcessingRequest, request: _Request) -> ext.ProcessingResponse:
+    def _answers(
+        self, message: ext.ProcessingRequest, exchange: _Exchange
+    ) -> list[ext.ProcessingResponse]:
+        if message.HasField("protocol_config"):  # on the first message
+            config = message.protocol_config
+            exchange.defer_headers = config.send_body_without_waiting_for_header_response
         kind = message.WhichOneof("request")
         if kind == "request_headers":
-            return self._on_headers(message.request_headers, request)
+            return self._on_headers(message.request_headers, exchange)
         if kind == "request_body":
-            return self._on_body(message.request_body, request)
+            return self._on_body(message.request_body, exchange)
         # Only request headers and bodies are configured; answer anything else unchanged.
         assert kind is not None
-        return ext.ProcessingResponse(**{kind: _empty_answer(kind)})
+        return [ext.ProcessingResponse(**{kind: _empty_answer(kind)})]
 
-    def _on_headers(self, headers: ext.HttpHeaders, request: _Request) -> ext.ProcessingResponse:
+    def _on_headers(
+        self, headers: ext.HttpHeaders, exchange: _Exchange
+    ) -> list[ext.ProcessingResponse]:
         path = _header(headers, ":path")
-        request.message_type = ROUTED.get(path)
-        mutation = _CLEAR_CLIENT_CHOICE
-        if request.message_type is not None and headers.end_of_stream:
-            mutation = self._route(None, request)  # no body at all: by load alone
-        answer = ext.ProcessingResponse(
-            request_headers=ext.HeadersResponse(
-                response=ext.CommonResponse(header_mutation=mutation)
-            )
-        )
-        if request.message_type is None:
-            answer.mode_override.CopyFrom(_SKIP_BODY)  # not routed: Envoy balances it
-        return answer
+        if path.startswith(SERVICE_PATH):
+            exchange.message_type = ROUTED.get(path.removeprefix(SERVICE_PATH))
+        if exchange.message_type is None:  # not routed: Envoy balances it
+            return [_headers_answer(_CLEAR_CLIENT_CHOICE, skip_body=True)]
+        if headers.end_of_stream:  # no body at all: by load alone
+            return [_headers_answer(self._route(None, exchange))]
+        if exchange.defer_headers:
+            exchange.headers_owed = True
+            return []
+        return [_headers_answer(_CLEAR_CLIENT_CHOICE)]
 
-    def _on_body(self, body: ext.HttpBody, request: _Request) -> ext.ProcessingResponse:
-        mutation = ext.HeaderMutation()
-        if request.message_type is not None and request.replica is None:
-            message = read_grpc_message(body.body, request.message_type)
-            mutation = self._route(routing_input(message) if message else None, request)
-        return ext.ProcessingResponse(
-            request_body=ext.BodyResponse(response=ext.CommonResponse(header_mutation=mutation))
-        )
+    def _on_body(self, body: ext.HttpBody, exchange: _Exchange) -> list[ext.ProcessingResponse]:
+        if exchange.decided or exchange.message_type is None:
+            return [_body_answer(ext.HeaderMutation())]
+        message = read_grpc_message(body.body, exchange.message_type)
+        choice = self._route(routing_input(message) if message else None, exchange)
+        if not exchange.headers_owed:
+            return [_body_answer(choice)]
+        exchange.headers_owed = False
+        return [_headers_answer(choice), _body_answer(ext.HeaderMutation())]
 
-    def _route(self, routing: RoutingInput | None, request: _Request) -> ext.HeaderMutation:
+    def _route(self, routing: RoutingInput | None, exchange: _Exchange) -> ext.HeaderMutation:
+        exchange.decided = True
         blocks = routing.blocks if routing else []
         matched = self._table.matched_chars(blocks)
         model = routing.model if routing else None
         ranked = rank(self._monitor.replicas.values(), model, matched, balance=self._balance)
         if not ranked:
-            return ext.HeaderMutation()  # nothing known to be up: Envoy balances it
+            return _CLEAR_CLIENT_CHOICE  # nothing known to be up: Envoy balances it
         best = self._monitor.replicas[ranked[0]]
         best.routed += 1
-        request.replica = best
         self._table.record(best.address, blocks)
         log.debug("routed", model=model, to=ranked, prefix_chars=matched.get(best.address, 0))
         value = ",".join(ranked).encode()
@@ -175,6 +226,24 @@ class EndpointPicker(ext_grpc.ExternalProcessorServicer):  # type: ignore[misc] 
                 )
             ]
         )
+
+
+def _headers_answer(
+    mutation: ext.HeaderMutation, *, skip_body: bool = False
+) -> ext.ProcessingResponse:
+    answer: ext.ProcessingResponse = ext.ProcessingResponse(
+        request_headers=ext.HeadersResponse(response=ext.CommonResponse(header_mutation=mutation))
+    )
+    if skip_body:
+        answer.mode_override.CopyFrom(_SKIP_BODY)
+    return answer
+
+
+def _body_answer(mutation: ext.HeaderMutation) -> ext.ProcessingResponse:
+    answer: ext.ProcessingResponse = ext.ProcessingResponse(
+        request_body=ext.BodyResponse(response=ext.CommonResponse(header_mutation=mutation))
+    )
+    return answer
 
 
 def _header(headers: ext.HttpHeaders, name: str) -> str:

@@ -30,8 +30,8 @@ INFERENCE_SERVICE = "inference.v1.Inference"
 
 @dataclass
 class Replica:
-    """One replica as last seen, plus the requests the picker sent it that are
-    still running (`routed`): those count at once, before the next refresh."""
+    """One replica as last seen, plus the requests the picker has sent it since
+    (`routed`): those count at once, until the next poll reports them."""
 
     address: str
     up: bool = False
@@ -45,7 +45,7 @@ class Replica:
 
     @property
     def load(self) -> int:
-        return max(self.running + self.waiting, self.routed)
+        return self.running + self.waiting + self.routed
 
     @property
     def saturated(self) -> bool:
@@ -177,4 +177,5 @@ class ReplicaMonitor:
         replica.engines = engines
         load = answer.load
         replica.running, replica.waiting = load.running, load.waiting
+        replica.routed = 0  # the replica's own count includes them now
         replica.max_running, replica.max_waiting = load.max_running, load.max_waiting
