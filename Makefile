@@ -63,6 +63,7 @@ clean:
 bench:
 	$(BIN)/python -m bench.generate
 	$(BIN)/python -m bench.image
+	$(BIN)/python -m bench.cluster
 
 # --- CUDA (docs/gpu.md) -----------------------------------------------------------
 # Here, with network: the trimmed llama-cpp-python sdist and the wheels, both
