@@ -33,8 +33,21 @@ def rate(tokens: int, first: float, last: float) -> float:
     return (tokens - 1) / (last - first) if tokens > 1 and last > first else 0.0
 
 
-def service_run(stub: pb_grpc.InferenceStub, model: str, prompt: str, max_tokens: int) -> Run:
+# What people sample with: the setting of the "sampled" rows beside the greedy ones.
+SAMPLED = {"temperature": 0.8, "top_p": 0.95}
+
+
+def service_run(
+    stub: pb_grpc.InferenceStub,
+    model: str,
+    prompt: str,
+    max_tokens: int,
+    sampling: dict[str, float] | None = None,
+) -> Run:
+    """One request, greedy unless `sampling` (GenerateRequest fields) says otherwise."""
     request = pb.GenerateRequest(model=model, prompt=prompt, max_tokens=max_tokens, temperature=0)
+    for field, value in (sampling or {}).items():
+        setattr(request, field, value)
     start = time.perf_counter()
     first = last = start
     count = cached = 0

@@ -29,6 +29,7 @@ import numpy as np
 from llama_cpp._internals import LlamaContext, LlamaModel
 
 from service.backends.base import ActiveSequence, Sampled, SequenceRequest
+from service.backends.batch_sampling import PENALTY_WINDOW, Row, sample_rows
 from service.backends.failure import load_refused
 from service.backends.llama_cpp import log as llama_log  # also routes llama.cpp's log, on import
 from service.backends.llama_cpp.argmax import RowArgmax
@@ -274,8 +275,8 @@ class LlamaCppBackend:
             del sequence.pending[: len(chunk.tokens)]
             if output >= 0:
                 ready.append((sequence, output))
-        greedy = self._greedy_tokens(ready)
-        sampled = {seq: self._sample(seq, output, greedy.get(seq)) for seq, output in ready}
+        chosen = self._greedy_tokens(ready) | self._batched_tokens(ready)
+        sampled = {seq: self._sample(seq, output, chosen.get(seq)) for seq, output in ready}
         return [sampled.get(sequence) for sequence in own]
 
     def _greedy_tokens(self, ready: list[tuple[LlamaSequence, int]]) -> dict[LlamaSequence, int]:
@@ -295,11 +296,25 @@ class LlamaCppBackend:
             tokens = [int(np.argmax(logits[row])) for row in rows]
         return {ready[row][0]: int(token) for row, token in zip(rows, tokens, strict=True)}
 
-    def _sample(self, sequence: LlamaSequence, output: int, greedy: int | None) -> Sampled:
+    def _batched_tokens(self, ready: list[tuple[LlamaSequence, int]]) -> dict[LlamaSequence, int]:
+        """The draws of every sequence that samples with the common settings, for the
+        whole step at once (service.backends.batch_sampling)."""
+        rows = [row for row, (sequence, _) in enumerate(ready) if sequence.sampler.batched]
+        if not rows:
+            return {}
+        pointer = llama_cpp.llama_get_logits(self._context.ctx)
+        logits = np.ctypeslib.as_array(pointer, shape=(len(ready), self._n_vocab))
+        if len(rows) < len(ready):
+            logits = logits[rows]
+        draws = [_draw_of(ready[row][0]) for row in rows]
+        tokens = sample_rows(logits, draws)
+        return {ready[row][0]: token for row, token in zip(rows, tokens, strict=True)}
+
+    def _sample(self, sequence: LlamaSequence, output: int, chosen: int | None) -> Sampled:
         # Logprobs read the raw logits, which sampling leaves as they are.
         context = self._context.ctx
         try:
-            token = sequence.sampler.sample(context, output) if greedy is None else greedy
+            token = sequence.sampler.sample(context, output) if chosen is None else chosen
         except SamplingRefused as refusal:
             return Sampled(-1, refused=refusal)
         sequence.pending, sequence.decoding = [token], True
@@ -427,6 +442,15 @@ class LlamaCppBackend:
         return bytes(llama_cpp.llama_vocab_get_text(self._vocab, token_id)).decode(
             "utf-8", errors="replace"
         )
+
+
+def _draw_of(sequence: LlamaSequence) -> Row:
+    """The batched sampler's view of a sequence's next draw (and counts it)."""
+    sampler = sequence.sampler
+    recent = sequence.slot.tokens[-PENALTY_WINDOW:] if sampler.params.repeat_penalty != 1 else ()
+    row = Row(sampler.params, sampler.draws, recent)
+    sampler.draws += 1
+    return row
 
 
 def _own(sequence: ActiveSequence) -> LlamaSequence:

@@ -1,6 +1,8 @@
-"""One llama.cpp sampler chain per sequence.
+"""One llama.cpp sampler chain per sequence, for what the batched sampler
+(service.backends.batch_sampling) does not do: grammars, top-k of 0 or past
+1,024, a repetition penalty below 1.
 
-Each sequence in a batch samples on its own: its own parameters, its own
+Each such sequence in a batch samples on its own: its own parameters, its own
 random generator seeded from the request, its own repetition history and
 grammar state. A chain is created when the sequence starts and freed when it
 finishes. The order follows llama-cpp-python's own: penalties, grammar, then
@@ -27,6 +29,7 @@ from typing import cast
 import llama_cpp
 import numpy as np
 
+from service.backends.batch_sampling import PENALTY_WINDOW, batchable
 from service.backends.llama_cpp.log import captured_parser_output
 from service.errors import InvalidRequest
 from service.text.requests import Grammar, SamplingParams
@@ -34,8 +37,6 @@ from service.text.requests import Grammar, SamplingParams
 # A token given by its id in a grammar: <[1234]>, or !<[1234]> for "any but".
 _TOKEN_ID = re.compile(r"<\[(\d+)\]>")
 
-# How many recent tokens the repetition penalty looks at (llama.cpp's default).
-PENALTY_WINDOW = 64
 # llama.cpp checks every parser stack of a grammar against every token of the
 # vocabulary, for each token sampled: a grammar whose widest point times the
 # vocabulary passes this is refused when its sequence starts (an enum of 1,000
@@ -70,7 +71,15 @@ class SamplerChain:
         # whole vocabulary into a candidate array (a third of a millisecond per token
         # for Gemma's 262k entries).
         self.plain_greedy = params.temperature == 0 and params.repeat_penalty == 1.0 and not grammar
+        # Without a grammar, the common settings are sampled for the whole step at once
+        # (service.backends.batch_sampling), and this chain is never built.
+        self.batched = not self.plain_greedy and grammar is None and batchable(params)
+        self.params = params
+        self.draws = 0  # tokens drawn so far: the batched sampler's counter
         self._grammar = None if grammar is None else _GrammarGuard(vocab, grammar)
+        self._chain: llama_cpp.llama_sampler_p | None = None
+        if self.plain_greedy or self.batched:
+            return
         self._chain = llama_cpp.llama_sampler_chain_init(
             llama_cpp.llama_sampler_chain_default_params()
         )
@@ -92,6 +101,7 @@ class SamplerChain:
         Raises SamplingRefused when the grammar rules out every token, or takes
         too long to rule.
         """
+        assert self._chain is not None, "greedy and batched sequences have no chain"
         if self._grammar is None:
             return int(llama_cpp.llama_sampler_sample(self._chain, context, output_index))
         candidates = self._grammar.candidates(context, output_index)

@@ -1,0 +1,172 @@
+"""Sampling every sequence of a step at once, with llama.cpp's semantics.
+
+llama.cpp's sampler chain works on one sequence at a time and starts from the
+whole vocabulary: with 128 streams of a 128k-token model that is 128 passes,
+one after another, each copying and sorting 128k candidates. Here one pass
+over the step's logits finds each row's few hundred best candidates, and
+everything after that (the repetition penalty, top-k, top-p, min-p,
+temperature and the draw) works on those, for all rows at once.
+
+The result is the distribution llama.cpp's chain gives for the same settings
+(tests/test_batch_sampling.py checks it against llama.cpp's own samplers):
+the chain is penalties, top-k, top-p, min-p, temperature, then the draw, where
+top-p and min-p read the probabilities before the temperature is applied.
+
+Finding the candidates: split each row into strided blocks and take each
+block's maximum (one pass, as fast as an argmax). The k largest values of a
+row all lie in the k blocks with the largest maxima, since every block holds
+its maximum and there are only k values at least as large as the k-th; so
+only those blocks are searched.
+
+Each draw comes from a counter-based generator keyed by the request's seed
+and the draw's index in that request, so a seeded request draws the same
+numbers whichever other requests share its steps.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import numpy.typing as npt
+
+from service.text.requests import SamplingParams
+
+# How many recent tokens the repetition penalty looks at (llama.cpp's default).
+PENALTY_WINDOW = 64
+# Rows wanting more candidates than this use llama.cpp's own chain.
+MAX_TOP_K = 1024
+# Candidates per block when searching a row (see the module docstring).
+_BLOCK = 64
+
+Floats = npt.NDArray[np.float32]
+Doubles = npt.NDArray[np.float64]
+Ints = npt.NDArray[np.int64]
+
+
+def batchable(params: SamplingParams) -> bool:
+    """Whether this request's settings are sampled here rather than by llama.cpp."""
+    if params.repeat_penalty < 1.0:  # raises repeated tokens from anywhere in the row
+        return False
+    return params.temperature == 0 or 0 < params.top_k <= MAX_TOP_K
+
+
+@dataclass(frozen=True)
+class Row:
+    """One sequence's draw: its settings, which draw of its request this is, and
+    its recent tokens (prompt included) for the repetition penalty."""
+
+    params: SamplingParams
+    draw: int
+    recent: Sequence[int] = ()
+
+
+def sample_rows(logits: Floats, rows: Sequence[Row]) -> list[int]:
+    """One token for each row of `logits` (rows x vocabulary)."""
+    penalized = any(row.params.repeat_penalty != 1.0 for row in rows)
+    widest = max(_candidates_wanted(row.params) for row in rows)
+    ids, values = top_candidates(logits, widest + (PENALTY_WINDOW if penalized else 0))
+    if penalized:
+        _apply_penalties(ids, values, rows)
+    order = np.argsort(-values, axis=1, kind="stable")
+    ids = np.take_along_axis(ids, order, axis=1)
+    ranked: Doubles = np.take_along_axis(values, order, axis=1).astype(np.float64)
+    kept = _kept_counts(ranked, rows)
+    picks = _draw(ranked, kept, rows)
+    return [int(ids[i, pick]) for i, pick in enumerate(picks)]
+
+
+def _candidates_wanted(params: SamplingParams) -> int:
+    return 1 if params.temperature == 0 else params.top_k
+
+
+def top_candidates(logits: Floats, k: int) -> tuple[Ints, Floats]:
+    """The ids and values of each row's `k` largest logits, in no order."""
+    count, vocab = logits.shape
+    k = min(k, vocab)
+    blocks = vocab // _BLOCK
+    if blocks <= k:  # a small vocabulary: search it all
+        ids = np.argpartition(logits, vocab - k, axis=1)[:, vocab - k :]
+        return ids.astype(np.int64), np.take_along_axis(logits, ids, axis=1)
+    main = blocks * _BLOCK
+    # Block j of a row holds positions j, j + blocks, j + 2 * blocks, ...
+    strided = logits[:, :main].reshape(count, _BLOCK, blocks)
+    best_blocks = np.argpartition(strided.max(axis=1), blocks - k, axis=1)[:, blocks - k :]
+    positions = best_blocks[:, None, :] + blocks * np.arange(_BLOCK)[None, :, None]
+    ids = positions.reshape(count, -1)
+    if main < vocab:  # the last few ids belong to no block: always candidates
+        tail = np.broadcast_to(np.arange(main, vocab), (count, vocab - main))
+        ids = np.concatenate([ids, tail], axis=1)
+    values = np.take_along_axis(logits, ids, axis=1)
+    best = np.argpartition(values, values.shape[1] - k, axis=1)[:, values.shape[1] - k :]
+    return np.take_along_axis(ids, best, axis=1), np.take_along_axis(values, best, axis=1)
+
+
+def _apply_penalties(ids: Ints, values: Floats, rows: Sequence[Row]) -> None:
+    """llama.cpp's repetition penalty: a recent token's logit is divided by the
+    penalty when positive, multiplied when not. With a penalty of at least 1 a
+    logit only falls, so the best after it are among the best before it, give or
+    take the window's tokens, which is why the window widens the candidates."""
+    for i, row in enumerate(rows):
+        penalty = row.params.repeat_penalty
+        if penalty == 1.0 or not row.recent:
+            continue
+        recent = np.asarray(row.recent[-PENALTY_WINDOW:], dtype=np.int64)
+        hit = np.isin(ids[i], recent)
+        hit_values = values[i, hit]
+        values[i, hit] = np.where(hit_values <= 0, hit_values * penalty, hit_values / penalty)
+
+
+def _kept_counts(values: Doubles, rows: Sequence[Row]) -> Ints:
+    """How many of each row's best candidates survive top-k, top-p and min-p."""
+    width = values.shape[1]
+    top_k = np.array([_candidates_wanted(row.params) for row in rows], dtype=np.int64)
+    top_p = np.array([row.params.top_p for row in rows])
+    min_p = np.array([row.params.min_p for row in rows])
+    columns = np.arange(width)[None, :]
+    in_top_k = columns < top_k[:, None]
+    # top-p: the shortest run of candidates whose probabilities (temperature 1,
+    # over the top-k) add up to top_p.
+    weights = np.where(in_top_k, np.exp(values - values[:, :1]), 0.0)
+    cumulative = np.cumsum(weights, axis=1) / weights.sum(axis=1, keepdims=True)
+    reached = cumulative >= top_p[:, None]
+    by_top_p = np.where(reached.any(axis=1), reached.argmax(axis=1) + 1, width)
+    by_top_p = np.where(top_p >= 1.0, width, by_top_p)
+    # min-p: candidates at least min_p times as likely as the best one.
+    floor = values[:, :1] + np.log(np.where(min_p > 0, min_p, 1.0))[:, None]
+    by_min_p = np.where(min_p > 0, (values >= floor).sum(axis=1), width)
+    kept: Ints = np.maximum(np.minimum(np.minimum(top_k, by_top_p), by_min_p), 1)
+    return kept
+
+
+def _draw(values: Doubles, kept: Ints, rows: Sequence[Row]) -> Ints:
+    """Which kept candidate each row draws, from softmax(logit / temperature)."""
+    temperature = np.array([row.params.temperature for row in rows])
+    greedy = temperature == 0
+    scaled = (values - values[:, :1]) / np.where(greedy, 1.0, temperature)[:, None]
+    columns = np.arange(values.shape[1])[None, :]
+    weights = np.where(columns < kept[:, None], np.exp(scaled), 0.0)
+    cumulative = np.cumsum(weights, axis=1)
+    targets = uniform(rows) * cumulative[:, -1]
+    picks = (cumulative <= targets[:, None]).sum(axis=1)
+    picks = np.minimum(picks, kept - 1)
+    chosen: Ints = np.where(greedy, 0, picks)
+    return chosen
+
+
+def uniform(rows: Sequence[Row]) -> Doubles:
+    """One number in [0, 1) per row: SplitMix64 of (seed, draw index), so a
+    request's draws depend on nothing but its seed and how far it has got."""
+    keys = np.array(
+        [((row.params.seed & 0xFFFFFFFF) << 32) | (row.draw & 0xFFFFFFFF) for row in rows],
+        dtype=np.uint64,
+    )
+    return (splitmix64(keys) >> np.uint64(11)).astype(np.float64) * 2.0**-53
+
+
+def splitmix64(keys: npt.NDArray[np.uint64]) -> npt.NDArray[np.uint64]:
+    z = keys + np.uint64(0x9E3779B97F4A7C15)
+    z = (z ^ (z >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
+    z = (z ^ (z >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
+    return z ^ (z >> np.uint64(31))

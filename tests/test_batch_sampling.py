@@ -1,0 +1,191 @@
+"""The batched sampler against llama.cpp's own sampler chain, on fixed logits:
+the same settings must give the same distribution (a two-sample chi-square
+test on thousands of draws), and a sampler that is wrong must be caught."""
+
+from __future__ import annotations
+
+import ctypes
+import math
+from collections import Counter
+
+import llama_cpp
+import numpy as np
+import pytest
+
+from service.backends.batch_sampling import (
+    MAX_TOP_K,
+    PENALTY_WINDOW,
+    Row,
+    batchable,
+    sample_rows,
+    top_candidates,
+    uniform,
+)
+from service.text.requests import SamplingParams
+
+DRAWS = 12_000
+VOCAB = 3_000
+TOKEN_DATA = np.dtype([("id", np.int32), ("logit", np.float32), ("p", np.float32)])
+
+
+def fixed_logits(shift: float = 0.0, seed: int = 3) -> np.ndarray:
+    return (np.random.default_rng(seed).standard_normal(VOCAB) * 2.5 + shift).astype(np.float32)
+
+
+def params(**overrides: float) -> SamplingParams:
+    values = {
+        "temperature": 0.8,
+        "top_p": 0.95,
+        "top_k": 40,
+        "min_p": 0.05,
+        "repeat_penalty": 1.0,
+        "seed": 11,
+    }
+    values.update(overrides)
+    return SamplingParams(**values)  # type: ignore[arg-type]
+
+
+def llama_cpp_draws(
+    logits: np.ndarray, sampling: SamplingParams, recent: list[int]
+) -> Counter[int]:
+    """`DRAWS` tokens from llama.cpp's chain, built in llama-cpp-python's order."""
+    chain = llama_cpp.llama_sampler_chain_init(llama_cpp.llama_sampler_chain_default_params())
+
+    def add(sampler: object) -> None:
+        llama_cpp.llama_sampler_chain_add(chain, sampler)
+
+    if sampling.repeat_penalty != 1.0:
+        penalties = llama_cpp.llama_sampler_init_penalties(
+            VOCAB, PENALTY_WINDOW, sampling.repeat_penalty, 0.0, 0.0
+        )
+        for token in recent:
+            llama_cpp.llama_sampler_accept(penalties, token)
+        add(penalties)
+    add(llama_cpp.llama_sampler_init_top_k(sampling.top_k))
+    add(llama_cpp.llama_sampler_init_top_p(sampling.top_p, 1))
+    add(llama_cpp.llama_sampler_init_min_p(sampling.min_p, 1))
+    add(llama_cpp.llama_sampler_init_temp(sampling.temperature))
+    add(llama_cpp.llama_sampler_init_dist(sampling.seed))
+    candidates = np.zeros(VOCAB, dtype=TOKEN_DATA)
+    drawn: Counter[int] = Counter()
+    try:
+        for _ in range(DRAWS):
+            candidates["id"] = np.arange(VOCAB)
+            candidates["logit"] = logits
+            candidates["p"] = 0.0
+            array = llama_cpp.llama_token_data_array(
+                data=candidates.ctypes.data_as(llama_cpp.llama_token_data_p),
+                size=VOCAB,
+                selected=-1,
+                sorted=False,
+            )
+            llama_cpp.llama_sampler_apply(chain, ctypes.byref(array))
+            drawn[int(candidates[array.selected]["id"])] += 1
+    finally:
+        llama_cpp.llama_sampler_free(chain)
+    return drawn
+
+
+def our_draws(logits: np.ndarray, sampling: SamplingParams, recent: list[int]) -> Counter[int]:
+    drawn: Counter[int] = Counter()
+    for start in range(0, DRAWS, 2_000):
+        rows = [Row(sampling, draw, recent) for draw in range(start, start + 2_000)]
+        drawn.update(sample_rows(np.tile(logits, (len(rows), 1)), rows))
+    return drawn
+
+
+def same_distribution_z(first: Counter[int], second: Counter[int]) -> float:
+    """Two-sample chi-square over the tokens drawn (rare ones pooled), as a z-score
+    (Wilson-Hilferty): about N(0, 1) when both samples come from one distribution."""
+    tokens = sorted(set(first) | set(second), key=lambda t: -(first[t] + second[t]))
+    bins: list[tuple[int, int]] = []
+    pooled = (0, 0)
+    for token in tokens:
+        pair = (first[token], second[token])
+        if sum(pair) >= 10:
+            bins.append(pair)
+        else:
+            pooled = (pooled[0] + pair[0], pooled[1] + pair[1])
+    if sum(pooled):
+        bins.append(pooled)
+    statistic = sum((a - b) ** 2 / (a + b) for a, b in bins)
+    freedom = len(bins) - 1
+    if freedom == 0:
+        return 0.0
+    scale = 2 / (9 * freedom)
+    return float(((statistic / freedom) ** (1 / 3) - (1 - scale)) / math.sqrt(scale))
+
+
+CASES = {
+    "defaults": (params(), 0.0, []),
+    "hot and wide": (params(temperature=1.4, top_p=0.9, top_k=200, min_p=0.0), 0.0, []),
+    "min-p decides": (params(temperature=0.9, top_p=1.0, top_k=60, min_p=0.03), 0.0, []),
+    "repetition penalty, positive logits": (
+        params(repeat_penalty=1.5, min_p=0.0),
+        0.0,
+        "top",
+    ),
+    "repetition penalty, negative logits": (
+        params(repeat_penalty=1.3, top_k=30, min_p=0.0, temperature=1.0),
+        -12.0,
+        "top",
+    ),
+}
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_the_same_settings_give_llama_cpps_distribution(case: str) -> None:
+    sampling, shift, recent_kind = CASES[case]
+    logits = fixed_logits(shift)
+    recent = [int(t) for t in np.argsort(-logits)[:PENALTY_WINDOW:3]] if recent_kind else []
+    ours = our_draws(logits, sampling, recent)
+    theirs = llama_cpp_draws(logits, sampling, recent)
+    assert len(ours) >= 4  # a real distribution, not one token
+    assert same_distribution_z(ours, theirs) < 4.5
+
+
+def test_the_comparison_catches_a_wrong_temperature() -> None:
+    logits = fixed_logits()
+    ours = our_draws(logits, params(temperature=1.0), [])
+    theirs = llama_cpp_draws(logits, params(temperature=0.8), [])
+    assert same_distribution_z(ours, theirs) > 10
+
+
+def test_the_comparison_catches_a_penalty_left_out() -> None:
+    logits = fixed_logits()
+    recent = [int(t) for t in np.argsort(-logits)[:8]]
+    ours = our_draws(logits, params(repeat_penalty=1.5), [])
+    theirs = llama_cpp_draws(logits, params(repeat_penalty=1.5), recent)
+    assert same_distribution_z(ours, theirs) > 10
+
+
+@pytest.mark.parametrize("vocab", [50, 1_000, 49_152, 262_147])
+def test_the_candidates_are_each_rows_largest(vocab: int) -> None:
+    logits = np.random.default_rng(vocab).standard_normal((5, vocab)).astype(np.float32)
+    ids, values = top_candidates(logits, 40)
+    expected = np.sort(np.partition(logits, vocab - 40, axis=1)[:, vocab - 40 :], axis=1)
+    assert np.array_equal(np.sort(values, axis=1), expected)
+    assert np.array_equal(np.take_along_axis(logits, ids, axis=1), values)
+
+
+def test_a_seeded_draw_depends_only_on_its_seed_and_index() -> None:
+    sampling = params(seed=5)
+    alone = uniform([Row(sampling, 7)])
+    among = uniform([Row(params(seed=9), 7), Row(sampling, 7), Row(sampling, 8)])
+    assert alone[0] == among[1]
+    assert among[1] != among[2]
+    assert among[0] != among[1]
+
+
+def test_greedy_with_a_penalty_picks_the_best_penalized_token() -> None:
+    logits = np.array([[1.0, 5.0, 4.0, -1.0]], dtype=np.float32)
+    row = Row(params(temperature=0.0, repeat_penalty=2.0), 0, recent=[1])
+    assert sample_rows(logits, [row]) == [2]  # 5 / 2 falls below 4
+
+
+def test_settings_llama_cpp_keeps() -> None:
+    assert batchable(params())
+    assert batchable(params(temperature=0.0, repeat_penalty=1.2))
+    assert not batchable(params(top_k=0))  # the whole vocabulary
+    assert not batchable(params(top_k=MAX_TOP_K + 1))
+    assert not batchable(params(repeat_penalty=0.8))  # raises tokens from anywhere
