@@ -38,7 +38,7 @@ PENALTY_WINDOW = 64
 # Rows wanting more candidates than this use llama.cpp's own chain.
 MAX_TOP_K = 1024
 # Candidates per block when searching a row (see the module docstring).
-_BLOCK = 64
+_BLOCK = 16
 
 Floats = npt.NDArray[np.float32]
 Doubles = npt.NDArray[np.float64]

@@ -29,13 +29,13 @@ import numpy as np
 from llama_cpp._internals import LlamaContext, LlamaModel
 
 from service.backends.base import ActiveSequence, Sampled, SequenceRequest
-from service.backends.batch_sampling import PENALTY_WINDOW, Row, sample_rows
+from service.backends.batch_sampling import PENALTY_WINDOW, Row
 from service.backends.failure import load_refused
 from service.backends.llama_cpp import log as llama_log  # also routes llama.cpp's log, on import
-from service.backends.llama_cpp.argmax import RowArgmax
 from service.backends.llama_cpp.batch import Batch, Chunk
 from service.backends.llama_cpp.kv_slots import Placement, Slot, SlotTable
 from service.backends.llama_cpp.logprobs import token_logprob
+from service.backends.llama_cpp.row_threads import RowThreads
 from service.backends.llama_cpp.sampling import SamplerChain, SamplingRefused
 from service.backends.names import FlashAttention, KvLayout
 from service.errors import BackendFailure
@@ -173,7 +173,7 @@ class LlamaCppBackend:
             keep_live=options.cached_sequences if self.computes_off_cpu else 1,
         )
         self._batch = Batch(options.batch_size)
-        self._argmax = RowArgmax(options.threads)
+        self._rows = RowThreads(options.threads)
         # Cells of parked finished sequences, by sequence id (see kv_slots).
         self._parked: dict[int, ctypes.Array[ctypes.c_uint8]] = {}
         self._piece_buffer = ctypes.create_string_buffer(256)
@@ -291,7 +291,7 @@ class LlamaCppBackend:
         pointer = llama_cpp.llama_get_logits(self._context.ctx)
         logits = np.ctypeslib.as_array(pointer, shape=(len(ready), self._n_vocab))
         if len(rows) == len(ready):
-            tokens = self._argmax.rows(logits)
+            tokens = self._rows.argmax(logits)
         else:  # row views: indexing with the list would copy every row first
             tokens = [int(np.argmax(logits[row])) for row in rows]
         return {ready[row][0]: int(token) for row, token in zip(rows, tokens, strict=True)}
@@ -307,7 +307,7 @@ class LlamaCppBackend:
         if len(rows) < len(ready):
             logits = logits[rows]
         draws = [_draw_of(ready[row][0]) for row in rows]
-        tokens = sample_rows(logits, draws)
+        tokens = self._rows.sample(logits, draws)
         return {ready[row][0]: token for row, token in zip(rows, tokens, strict=True)}
 
     def _sample(self, sequence: LlamaSequence, output: int, chosen: int | None) -> Sampled:
@@ -343,7 +343,7 @@ class LlamaCppBackend:
     def close(self) -> None:
         if not self._closed.is_set():
             self._closed.set()
-            self._argmax.close()
+            self._rows.close()
             self._batch.close()
             self._context.close()
             self._model.close()
