@@ -78,4 +78,13 @@ for interval in ${STREAM_INTERVALS:-1}; do
             || { tail -30 "$run/bench-generate.err"; status=1; }
     done
 done
+# llama.cpp's own server on the same model and prompts, greedy and sampled: the peer row
+# (built when CUDA_CMAKE_ARGS has -DLLAMA_BUILD_SERVER=ON and LLAMA_TOOLS is ON).
+server=$(find "$CUDA_DIR/build" -name llama-server -type f -perm -u+x 2>/dev/null | head -1 || true)
+if [ -n "$server" ]; then
+    timeout 300 "$python" -m bench.llama_server --binary "$server" --model-path "$model" \
+        --streams 1,8,32,64,128 --stream-tokens 128 --runs "${RUNS:-5}" \
+        2>"$out/llama-server.err" | tee "$out/llama-server.txt" \
+        || { tail -20 "$out/llama-server.err"; status=1; }
+fi
 exit $status
