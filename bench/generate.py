@@ -24,8 +24,6 @@ import argparse
 import json
 import os
 import statistics
-import threading
-import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -35,7 +33,7 @@ from llama_cpp import Llama
 
 from bench import raw
 from bench.chart import bar_chart
-from bench.server import SAMPLED, Run, rss_mib, running_server, service_run
+from bench.server import SAMPLED, Run, concurrent_tps, rss_mib, running_server, service_run
 from inference.v1 import inference_pb2 as pb
 from inference.v1 import inference_pb2_grpc as pb_grpc
 from service.config import available_cores
@@ -125,22 +123,11 @@ def service_aggregate_tps(
     first: int,
     sampling: dict[str, float] | None = None,
 ) -> float:
-    counts: list[int] = []
-    barrier = threading.Barrier(streams + 1)
-
-    def one(index: int) -> None:
-        barrier.wait()
+    def one(index: int) -> int:
         prompt = short_prompt(first + index)
-        counts.append(service_run(stub, model, prompt, max_tokens, sampling).tokens)
+        return service_run(stub, model, prompt, max_tokens, sampling).tokens
 
-    threads = [threading.Thread(target=one, args=(i,)) for i in range(streams)]
-    for thread in threads:
-        thread.start()
-    barrier.wait()
-    start = time.perf_counter()
-    for thread in threads:
-        thread.join()
-    return sum(counts) / (time.perf_counter() - start)
+    return concurrent_tps(streams, one)
 
 
 def measure_streams(

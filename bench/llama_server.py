@@ -19,7 +19,6 @@ import argparse
 import json
 import statistics
 import subprocess
-import threading
 import time
 import urllib.error
 import urllib.request
@@ -27,7 +26,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 
 from bench.generate import short_prompt
-from bench.server import SAMPLED
+from bench.server import SAMPLED, concurrent_tps
 from service.cluster.launcher import free_port
 
 GREEDY = {"temperature": 0.0}
@@ -92,21 +91,10 @@ def completion_tokens(url: str, prompt: str, tokens: int, sampling: dict[str, fl
 def aggregate_tps(
     url: str, streams: int, tokens: int, first: int, sampling: dict[str, float]
 ) -> float:
-    counts: list[int] = []
-    barrier = threading.Barrier(streams + 1)
+    def one(index: int) -> int:
+        return completion_tokens(url, short_prompt(first + index), tokens, sampling)
 
-    def one(index: int) -> None:
-        barrier.wait()
-        counts.append(completion_tokens(url, short_prompt(first + index), tokens, sampling))
-
-    threads = [threading.Thread(target=one, args=(i,)) for i in range(streams)]
-    for thread in threads:
-        thread.start()
-    barrier.wait()
-    start = time.perf_counter()
-    for thread in threads:
-        thread.join()
-    return sum(counts) / (time.perf_counter() - start)
+    return concurrent_tps(streams, one)
 
 
 def measure(args: argparse.Namespace) -> list[tuple[int, float, float]]:

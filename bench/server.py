@@ -8,7 +8,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -31,6 +31,26 @@ class Run:
 def rate(tokens: int, first: float, last: float) -> float:
     """Tokens per second after the first one (the first one is TTFT's)."""
     return (tokens - 1) / (last - first) if tokens > 1 and last > first else 0.0
+
+
+def concurrent_tps(streams: int, one: Callable[[int], int]) -> float:
+    """Aggregate tokens/s of `streams` calls of `one(index)` (each returns the tokens it
+    generated), started together on threads of their own."""
+    counts: list[int] = []
+    barrier = threading.Barrier(streams + 1)
+
+    def run(index: int) -> None:
+        barrier.wait()
+        counts.append(one(index))
+
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(streams)]
+    for thread in threads:
+        thread.start()
+    barrier.wait()
+    start = time.perf_counter()
+    for thread in threads:
+        thread.join()
+    return sum(counts) / (time.perf_counter() - start)
 
 
 # What people sample with: the setting of the "sampled" rows beside the greedy ones.
