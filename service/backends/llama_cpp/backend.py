@@ -26,6 +26,7 @@ from typing import Any
 
 import llama_cpp
 import numpy as np
+import numpy.typing as npt
 from llama_cpp._internals import LlamaContext, LlamaModel
 
 from service.backends.base import ActiveSequence, Sampled, SequenceRequest
@@ -283,13 +284,11 @@ class LlamaCppBackend:
         """The argmax of every plain-greedy sequence's logits, in one numpy call.
 
         With dozens of sequences a step, one call per sequence is what limits a GPU.
-        Outputs sit in llama_get_logits' rows in batch order, the order of `ready`.
         """
         rows = [row for row, (sequence, _) in enumerate(ready) if sequence.sampler.plain_greedy]
         if not rows:
             return {}
-        pointer = llama_cpp.llama_get_logits(self._context.ctx)
-        logits = np.ctypeslib.as_array(pointer, shape=(len(ready), self._n_vocab))
+        logits = self._step_logits(len(ready))
         if len(rows) == len(ready):
             tokens = self._rows.argmax(logits)
         else:  # row views: indexing with the list would copy every row first
@@ -302,13 +301,18 @@ class LlamaCppBackend:
         rows = [row for row, (sequence, _) in enumerate(ready) if sequence.sampler.batched]
         if not rows:
             return {}
-        pointer = llama_cpp.llama_get_logits(self._context.ctx)
-        logits = np.ctypeslib.as_array(pointer, shape=(len(ready), self._n_vocab))
+        logits = self._step_logits(len(ready))
         if len(rows) < len(ready):
             logits = logits[rows]
         draws = [_draw_of(ready[row][0]) for row in rows]
         tokens = self._rows.sample(logits, draws)
         return {ready[row][0]: token for row, token in zip(rows, tokens, strict=True)}
+
+    def _step_logits(self, outputs: int) -> npt.NDArray[np.float32]:
+        """This step's logits, a row per output in batch order (the order of `ready`),
+        viewed in llama.cpp's buffer, not copied."""
+        pointer = llama_cpp.llama_get_logits(self._context.ctx)
+        return np.ctypeslib.as_array(pointer, shape=(outputs, self._n_vocab))
 
     def _sample(self, sequence: LlamaSequence, output: int, chosen: int | None) -> Sampled:
         # Logprobs read the raw logits, which sampling leaves as they are.
