@@ -57,6 +57,10 @@ class ClusterProcess:
     def signal_replica(self, replica: str, signum: signal.Signals) -> None:
         os.kill(self.pid(replica), signum)
 
+    def picker_view(self) -> str:
+        """What the picker logged of the replicas (for a failing assertion's message)."""
+        return "".join(line for line in self.log if '"replica ' in line)
+
     def picker_pid(self) -> int:
         return int(self.ready["picker"]["pid"])
 

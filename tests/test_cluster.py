@@ -119,13 +119,15 @@ def test_a_model_goes_where_it_is_loaded_and_a_cold_one_to_the_least_busy(
     busy = [Stream(first), Stream(second)]  # straight to the replicas, past Envoy
     time.sleep(SEEN)
     request = pb.GenerateRequest(model=GEMMA, prompt="The sky is", max_tokens=4, temperature=0)
-    assert generate(through_envoy, request)[2] == idle  # cold everywhere: the least busy
+    served = generate(through_envoy, request)[2]
+    assert served == idle, cluster.picker_view()  # cold everywhere: the least busy
     for stream in busy:
         stream.join()
     time.sleep(SEEN)
     for text in ("Once upon a time", "The capital of France is", "Water boils at"):
         request = pb.GenerateRequest(model=GEMMA, prompt=text, max_tokens=4, temperature=0)
-        assert generate(through_envoy, request)[2] == idle  # loaded there only: no second load
+        served = generate(through_envoy, request)[2]
+        assert served == idle, cluster.picker_view()  # loaded there only: no second load
     assert [GEMMA in loaded_models(r) for r in cluster.replicas] == [False, False, True]
 
 

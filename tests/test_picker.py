@@ -12,6 +12,7 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any, cast
 
+import grpc
 import pytest
 from envoy.service.ext_proc.v3 import external_processor_pb2 as ext
 
@@ -164,6 +165,22 @@ def test_a_replaced_engine_or_a_replica_back_up_forgets_its_cache() -> None:
     answer.models[0].engine_pid = 8
     monitor._update(seen, answer)  # the engine was replaced
     assert lost == [A, A]
+
+
+def test_a_slow_replica_stays_up_until_it_is_slow_three_times_and_a_refusal_counts_at_once() -> (
+    None
+):
+    lost: list[str] = []
+    monitor = ReplicaMonitor(on_lost=lost.append)
+    slow, gone = replica(A), replica(B)
+    for _ in range(2):
+        monitor._failed_poll(slow, grpc.StatusCode.DEADLINE_EXCEEDED)
+    assert slow.up
+    monitor._failed_poll(slow, grpc.StatusCode.DEADLINE_EXCEEDED)
+    assert not slow.up
+    monitor._failed_poll(gone, grpc.StatusCode.UNAVAILABLE)
+    assert not gone.up
+    assert lost == [A, B]
 
 
 # --- the request body and the ext_proc answers -----------------------------------------

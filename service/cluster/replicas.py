@@ -26,6 +26,8 @@ from inference.v1 import inference_pb2_grpc as pb_grpc
 log = structlog.get_logger("replicas")
 
 INFERENCE_SERVICE = "inference.v1.Inference"
+# Polls in a row that may time out before a replica counts as down.
+SLOW_POLLS_DOWN = 3
 
 
 @dataclass
@@ -42,6 +44,7 @@ class Replica:
     max_running: int = 0
     max_waiting: int = 0
     routed: int = 0
+    slow_polls: int = 0  # polls in a row that failed
 
     @property
     def load(self) -> int:
@@ -150,7 +153,7 @@ class ReplicaMonitor:
                 pb.ListModelsRequest(), timeout=self._timeout, metadata=self._metadata
             )
         except grpc.aio.AioRpcError as exc:
-            self._mark_down(replica, exc.code().name)
+            self._failed_poll(replica, exc.code())
             return
         if health.status != health_pb2.HealthCheckResponse.SERVING:
             self._mark_down(
@@ -158,6 +161,13 @@ class ReplicaMonitor:
             )
             return
         self._update(replica, models)
+
+    def _failed_poll(self, replica: Replica, code: grpc.StatusCode) -> None:
+        """A refused connection means the replica is gone; a slow answer may only
+        mean a busy machine, so it takes `SLOW_POLLS_DOWN` of them in a row."""
+        replica.slow_polls += 1
+        if code != grpc.StatusCode.DEADLINE_EXCEEDED or replica.slow_polls >= SLOW_POLLS_DOWN:
+            self._mark_down(replica, code.name)
 
     def _mark_down(self, replica: Replica, why: str) -> None:
         if replica.up:
@@ -173,6 +183,7 @@ class ReplicaMonitor:
         if not replica.up:
             log.info("replica up", replica=replica.address, models=sorted(engines))
         replica.up = True
+        replica.slow_polls = 0
         replica.default_model = answer.default_model
         replica.engines = engines
         load = answer.load
