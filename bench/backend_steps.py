@@ -26,13 +26,16 @@ GREEDY = SamplingParams(temperature=0, top_p=1, top_k=0, min_p=0, repeat_penalty
 
 
 def backend_run(
-    backend: LlamaCppBackend, prompts: list[list[int]], tokens: int
+    backend: LlamaCppBackend,
+    prompts: list[list[int]],
+    tokens: int,
+    sampling: SamplingParams = GREEDY,
 ) -> tuple[float, int]:
     """Tokens/s and steps for every prompt decoded together, prefill included."""
     start = time.perf_counter()
     running: list[ActiveSequence] = []
     for ids in prompts:
-        sequence = backend.start(SequenceRequest(tuple(ids), GREEDY, tokens))
+        sequence = backend.start(SequenceRequest(tuple(ids), sampling, tokens))
         if sequence is None:
             raise SystemExit("the cache has no room for every stream: raise --context-size")
         running.append(sequence)

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from service.backends.batch_sampling import Row, sample_rows
-from service.backends.llama_cpp.row_threads import RowThreads
+from service.backends.row_threads import RowThreads
 from service.text.requests import SamplingParams
 
 

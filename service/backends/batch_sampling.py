@@ -64,10 +64,23 @@ class Row:
 
 def sample_rows(logits: Floats, rows: Sequence[Row]) -> list[int]:
     """One token for each row of `logits` (rows x vocabulary)."""
-    penalized = any(row.params.repeat_penalty != 1.0 for row in rows)
-    widest = max(_candidates_wanted(row.params) for row in rows)
-    ids, values = top_candidates(logits, widest + (PENALTY_WINDOW if penalized else 0))
-    if penalized:
+    ids, values = top_candidates(logits, candidates_needed([row.params for row in rows]))
+    return sample_candidates(ids, values, rows)
+
+
+def candidates_needed(settings: Sequence[SamplingParams]) -> int:
+    """How many of each row's best logits the draws of these settings can reach."""
+    widest = max(_candidates_wanted(params) for params in settings)
+    penalized = any(params.repeat_penalty != 1.0 for params in settings)
+    return widest + (PENALTY_WINDOW if penalized else 0)
+
+
+def sample_candidates(ids: Ints, values: Floats, rows: Sequence[Row]) -> list[int]:
+    """One token for each row, from its best `candidates_needed` logits (ids and
+    values, a row each, in any order): found here by `top_candidates`, or on
+    the GPU by llama.cpp's top-k (see the llama.cpp backend)."""
+    values = values.copy()  # the penalty writes here; the caller's may be llama.cpp's
+    if any(row.params.repeat_penalty != 1.0 for row in rows):
         _apply_penalties(ids, values, rows)
     order = np.argsort(-values, axis=1, kind="stable")
     ids = np.take_along_axis(ids, order, axis=1)
@@ -83,23 +96,38 @@ def _candidates_wanted(params: SamplingParams) -> int:
 
 def top_candidates(logits: Floats, k: int) -> tuple[Ints, Floats]:
     """The ids and values of each row's `k` largest logits, in no order."""
+    return candidates_in_blocks(logits, best_blocks(logits, k), k)
+
+
+def best_blocks(logits: Floats, k: int) -> Ints:
+    """Each row's `k` blocks with the largest maxima (see the module docstring):
+    the one pass over the whole rows, which is why it is what row threads split."""
     count, vocab = logits.shape
-    k = min(k, vocab)
     blocks = vocab // _BLOCK
-    if blocks <= k:  # a small vocabulary: search it all
-        ids = np.argpartition(logits, vocab - k, axis=1)[:, vocab - k :]
-        return ids.astype(np.int64), np.take_along_axis(logits, ids, axis=1)
-    main = blocks * _BLOCK
+    if blocks <= k:  # a small vocabulary: every block
+        return np.broadcast_to(np.arange(blocks), (count, blocks))
     # Block j of a row holds positions j, j + blocks, j + 2 * blocks, ...
-    strided = logits[:, :main].reshape(count, _BLOCK, blocks)
-    best_blocks = np.argpartition(strided.max(axis=1), blocks - k, axis=1)[:, blocks - k :]
-    positions = best_blocks[:, None, :] + blocks * np.arange(_BLOCK)[None, :, None]
-    ids = positions.reshape(count, -1)
+    strided = logits[:, : blocks * _BLOCK].reshape(count, _BLOCK, blocks)
+    chosen: Ints = np.argpartition(strided.max(axis=1), blocks - k, axis=1)[:, blocks - k :]
+    return chosen
+
+
+def candidates_in_blocks(logits: Floats, chosen: Ints, k: int) -> tuple[Ints, Floats]:
+    """The `k` largest logits of each row's chosen blocks (and of the few ids at
+    the end that belong to no block), ids and values in no order."""
+    count, vocab = logits.shape
+    blocks = vocab // _BLOCK
+    main = blocks * _BLOCK
+    ids = (chosen[:, None, :] + blocks * np.arange(_BLOCK)[None, :, None]).reshape(count, -1)
     if main < vocab:  # the last few ids belong to no block: always candidates
         tail = np.broadcast_to(np.arange(main, vocab), (count, vocab - main))
         ids = np.concatenate([ids, tail], axis=1)
-    values = np.take_along_axis(logits, ids, axis=1)
-    best = np.argpartition(values, values.shape[1] - k, axis=1)[:, values.shape[1] - k :]
+    # One flat gather: take_along_axis builds an index per axis, which costs
+    # several times the gather itself.
+    values = np.take(logits.reshape(-1), ids + (np.arange(count) * vocab)[:, None])
+    found = ids.shape[1]
+    k = min(k, found)
+    best = np.argpartition(values, found - k, axis=1)[:, found - k :]
     return np.take_along_axis(ids, best, axis=1), np.take_along_axis(values, best, axis=1)
 
 

@@ -36,9 +36,9 @@ from service.backends.llama_cpp import log as llama_log  # also routes llama.cpp
 from service.backends.llama_cpp.batch import Batch, Chunk
 from service.backends.llama_cpp.kv_slots import Placement, Slot, SlotTable
 from service.backends.llama_cpp.logprobs import token_logprob
-from service.backends.llama_cpp.row_threads import RowThreads
 from service.backends.llama_cpp.sampling import SamplerChain, SamplingRefused
 from service.backends.names import FlashAttention, KvLayout
+from service.backends.row_threads import RowThreads
 from service.errors import BackendFailure
 from service.memory import cells_per_sequence
 from service.model_options import ModelOptions
