@@ -30,16 +30,10 @@ import numpy.typing as npt
 from llama_cpp._internals import LlamaContext, LlamaModel
 
 from service.backends.base import ActiveSequence, Sampled, SequenceRequest
-from service.backends.batch_sampling import (
-    PENALTY_WINDOW,
-    Row,
-    candidates_needed,
-    sample_candidates,
-)
+from service.backends.batch_sampling import PENALTY_WINDOW, Row
 from service.backends.failure import load_refused
 from service.backends.llama_cpp import log as llama_log  # also routes llama.cpp's log, on import
 from service.backends.llama_cpp.batch import Batch, Chunk
-from service.backends.llama_cpp.device_candidates import DeviceCandidates
 from service.backends.llama_cpp.kv_slots import Placement, Slot, SlotTable
 from service.backends.llama_cpp.logprobs import token_logprob
 from service.backends.llama_cpp.sampling import SamplerChain, SamplingRefused
@@ -88,10 +82,6 @@ class LlamaCppOptions:
     # While other sequences decode, the most prompt tokens a step evaluates, so
     # that a long newcomer prompt does not stall their streams.
     prefill_chunk: int = 128
-    # With the model on a GPU: each sequence's this many best logits are found
-    # there and only they are copied back (see device_candidates); 0: every
-    # step copies the full rows and the host searches them.
-    device_candidates: int = 0
 
     @classmethod
     def for_model(cls, model: ModelOptions) -> LlamaCppOptions:
@@ -121,11 +111,9 @@ def _load_model(path: Path, options: LlamaCppOptions) -> LlamaModel:
             raise load_refused("llama.cpp", path, reason) from exc
 
 
-def _new_context(
-    model: LlamaModel, options: LlamaCppOptions, size: int, device: DeviceCandidates | None
-) -> LlamaContext:
+def _new_context(model: LlamaModel, options: LlamaCppOptions, size: int) -> LlamaContext:
     params = llama_cpp.llama_context_default_params()
-    params.n_seq_max = _sequence_ids(options)
+    params.n_seq_max = options.max_sequences + options.cached_sequences
     # Unified: one pool of cells for every sequence, whose prefixes share cells.
     # Per-sequence: llama.cpp splits n_ctx evenly, in multiples of 256 cells.
     params.kv_unified = options.kv_layout == "unified"
@@ -135,8 +123,6 @@ def _new_context(
     params.flash_attn_type = _FLASH_ATTENTION[options.flash_attention]
     # Keep sliding-window layers' full history, so a cached prefix can be trimmed.
     params.swa_full = True
-    if device is not None:
-        device.attach_at_creation(params)
     # A unified pool may hold more cells than the model's trained window, which
     # llama.cpp warns about; no one sequence may (see LlamaCppBackend.context_length).
     try:
@@ -144,10 +130,6 @@ def _new_context(
             return LlamaContext(model=model, params=params, verbose=False)
     except ValueError as exc:
         raise BackendFailure(f"llama.cpp could not create a context: {exc}") from exc
-
-
-def _sequence_ids(options: LlamaCppOptions) -> int:
-    return options.max_sequences + options.cached_sequences
 
 
 @dataclass(eq=False)
@@ -174,14 +156,10 @@ class LlamaCppBackend:
         size = options.context_size
         if options.kv_layout == "per-sequence":
             size = self._within_training(size)
-        self._n_vocab = self._model.n_vocab()
-        self._device: DeviceCandidates | None = None
-        if options.device_candidates > 0:
-            width = min(options.device_candidates, self._n_vocab)
-            self._device = DeviceCandidates(width, _sequence_ids(options))
-        self._context = _new_context(self._model, options, size, self._device)
+        self._context = _new_context(self._model, options, size)
         self._memory = llama_cpp.llama_get_memory(self._context.ctx)
         self._vocab = self._model.vocab
+        self._n_vocab = self._model.n_vocab()
         self._metadata: dict[str, str] = self._model.metadata()
         self._slots = SlotTable(
             slots=llama_cpp.llama_n_seq_max(self._context.ctx),
@@ -270,8 +248,6 @@ class LlamaCppBackend:
         sampler = SamplerChain(request.sampling, prompt, self._vocab, request.grammar)
         placement = self._arrange_cache(placement)
         self._slots.occupy(placement, len(prompt), request.max_tokens)
-        if self._device is not None and self._needs_full_rows(sampler, request.top_logprobs):
-            self._device.need_full_rows(self._context.ctx, placement.slot.seq_id)
         if placement.moves and placement.copy_from is not None:
             self._forget(placement.copy_from)
         return LlamaSequence(
@@ -294,58 +270,22 @@ class LlamaCppBackend:
         self._batch.fill([chunk for _, chunk in chunks])
         before_compute()
         outputs = self._batch.decode(self._context.ctx)
-        if self._device is not None:
-            self._device.decoded()
         ready: list[tuple[LlamaSequence, int]] = []
         for (sequence, chunk), output in zip(chunks, outputs, strict=True):
             sequence.slot.tokens.extend(chunk.tokens)
             del sequence.pending[: len(chunk.tokens)]
             if output >= 0:
                 ready.append((sequence, output))
-        on_device = self._on_device(ready)
-        host = [row for row in range(len(ready)) if row not in on_device]
-        chosen = (
-            self._device_tokens(ready, sorted(on_device))
-            | self._greedy_tokens(ready, host)
-            | self._batched_tokens(ready, host)
-        )
+        chosen = self._greedy_tokens(ready) | self._batched_tokens(ready)
         sampled = {seq: self._sample(seq, output, chosen.get(seq)) for seq, output in ready}
         return [sampled.get(sequence) for sequence in own]
 
-    def _needs_full_rows(self, sampler: SamplerChain, top_logprobs: int | None) -> bool:
-        """Whether a sequence's draws need more than its device candidates."""
-        assert self._device is not None
-        if top_logprobs is not None or not (sampler.plain_greedy or sampler.batched):
-            return True  # logprobs' softmax, or llama.cpp's chain, read the whole row
-        return candidates_needed([sampler.params]) > self._device.width
-
-    def _on_device(self, ready: list[tuple[LlamaSequence, int]]) -> set[int]:
-        """The rows of `ready` whose candidates llama.cpp found on the device."""
-        device = self._device
-        if device is None:
-            return set()
-        return {
-            row for row, (sequence, _) in enumerate(ready) if device.on_device(sequence.slot.seq_id)
-        }
-
-    def _device_tokens(
-        self, ready: list[tuple[LlamaSequence, int]], rows: list[int]
-    ) -> dict[LlamaSequence, int]:
-        """The draws (greedy ones included) of the rows sampled from their device candidates."""
-        if not rows or self._device is None:
-            return {}
-        ids, values = self._device.read(self._context.ctx, [ready[row][1] for row in rows])
-        tokens = sample_candidates(ids, values, [_draw_of(ready[row][0]) for row in rows])
-        return {ready[row][0]: token for row, token in zip(rows, tokens, strict=True)}
-
-    def _greedy_tokens(
-        self, ready: list[tuple[LlamaSequence, int]], host: list[int]
-    ) -> dict[LlamaSequence, int]:
+    def _greedy_tokens(self, ready: list[tuple[LlamaSequence, int]]) -> dict[LlamaSequence, int]:
         """The argmax of every plain-greedy sequence's logits, in one numpy call.
 
         With dozens of sequences a step, one call per sequence is what limits a GPU.
         """
-        rows = [row for row in host if ready[row][0].sampler.plain_greedy]
+        rows = [row for row, (sequence, _) in enumerate(ready) if sequence.sampler.plain_greedy]
         if not rows:
             return {}
         logits = self._step_logits(len(ready))
@@ -355,12 +295,10 @@ class LlamaCppBackend:
             tokens = [int(np.argmax(logits[row])) for row in rows]
         return {ready[row][0]: int(token) for row, token in zip(rows, tokens, strict=True)}
 
-    def _batched_tokens(
-        self, ready: list[tuple[LlamaSequence, int]], host: list[int]
-    ) -> dict[LlamaSequence, int]:
+    def _batched_tokens(self, ready: list[tuple[LlamaSequence, int]]) -> dict[LlamaSequence, int]:
         """The draws of every sequence that samples with the common settings, for the
         whole step at once (service.backends.batch_sampling)."""
-        rows = [row for row in host if ready[row][0].sampler.batched]
+        rows = [row for row, (sequence, _) in enumerate(ready) if sequence.sampler.batched]
         if not rows:
             return {}
         logits = self._step_logits(len(ready))
@@ -396,8 +334,6 @@ class LlamaCppBackend:
         own.sampler.close()
         if self._closed.is_set():
             return  # the cache went with the context
-        if self._device is not None:
-            self._device.restore(self._context.ctx, own.slot.seq_id)
         retention = self._slots.release(own.slot)
         for slot in retention.drop:
             self._forget(slot)
@@ -414,8 +350,6 @@ class LlamaCppBackend:
             self._rows.close()
             self._batch.close()
             self._context.close()
-            if self._device is not None:
-                self._device.close()
             self._model.close()
 
     def _plan_step(self, sequences: list[LlamaSequence]) -> dict[LlamaSequence, Chunk]:
