@@ -1,8 +1,9 @@
-"""The one compiled piece; everything else about the package is in pyproject.toml.
+"""The compiled pieces; everything else about the package is in pyproject.toml.
 
-llama.cpp's log filter (service/backends/llama_cpp/log.py says why it is C): a plain
-shared library loaded with ctypes, so it needs a C compiler but no Python headers.
-It is optional: where it cannot be built, a filter in Python does the same work.
+Two plain shared libraries loaded with ctypes, so they need a C compiler but no
+Python headers: llama.cpp's log filter (service/backends/llama_cpp/log.py says why
+it is C) and the batched sampler's top-k (service/backends/native/top_k.c). Both
+are optional: where they cannot be built, Python and numpy do the same work, slower.
 """
 
 from setuptools import Extension, setup
@@ -13,6 +14,12 @@ setup(
             "service.backends.native._log_filter",
             sources=["service/backends/native/log_filter.c"],
             optional=True,
-        )
+        ),
+        Extension(
+            "service.backends.native._top_k",
+            sources=["service/backends/native/top_k.c"],
+            extra_compile_args=["-O3"],
+            optional=True,
+        ),
     ]
 )

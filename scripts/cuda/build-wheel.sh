@@ -67,17 +67,18 @@ build() {
     say "built and installed"
 }
 
-# llama.cpp's log filter (service/backends/llama_cpp/log.py), which `pip install` builds
-# elsewhere; here the service runs from the tree, so compile it in place.
-build_log_filter() {
-    local suffix
+# The C helpers in service/backends/native/ (llama.cpp's log filter, the batched
+# sampler's top-k), which `pip install` builds elsewhere; here the service runs from
+# the tree, so compile them in place, as setup.py would.
+build_native() {
+    local suffix native=$root/service/backends/native
     suffix=$("$python" -c 'import sysconfig; print(sysconfig.get_config_var("EXT_SUFFIX"))')
-    cc -O2 -shared -fPIC -o "$root/service/backends/native/_log_filter$suffix" \
-        "$root/service/backends/native/log_filter.c"
+    cc -O2 -shared -fPIC -o "$native/_log_filter$suffix" "$native/log_filter.c"
+    cc -O3 -shared -fPIC -o "$native/_top_k$suffix" "$native/top_k.c"
 }
 
 install_deps
-build_log_filter
+build_native
 [ "${1:-}" = "--deps-only" ] && exit 0
 if [ "${FORCE:-0}" != 1 ] && has_cuda_llama; then
     say "a CUDA llama-cpp-python is already installed in $CUDA_SITE (FORCE=1 rebuilds)"

@@ -12,7 +12,8 @@ The result is the distribution llama.cpp's chain gives for the same settings
 the chain is penalties, top-k, top-p, min-p, temperature, then the draw, where
 top-p and min-p read the probabilities before the temperature is applied.
 
-Finding the candidates: split each row into strided blocks and take each
+Finding the candidates: service/backends/native/top_k.c does it in one pass
+where it was built (see there). Without it: split each row into strided blocks and take each
 block's maximum (one pass, as fast as an argmax). The k largest values of a
 row all lie in the k blocks with the largest maxima, since every block holds
 its maximum and there are only k values at least as large as the k-th; so
@@ -31,6 +32,7 @@ from dataclasses import dataclass
 import numpy as np
 import numpy.typing as npt
 
+from service.backends.native import top_k as native_top_k
 from service.text.requests import SamplingParams
 
 # How many recent tokens the repetition penalty looks at (llama.cpp's default).
@@ -95,7 +97,11 @@ def _candidates_wanted(params: SamplingParams) -> int:
 
 
 def top_candidates(logits: Floats, k: int) -> tuple[Ints, Floats]:
-    """The ids and values of each row's `k` largest logits, in no order."""
+    """The ids and values of each row's `k` largest logits, in no order: in one
+    pass by service/backends/native/top_k.c where it was built, else by the
+    block search below."""
+    if native_top_k.available():
+        return native_top_k.top_k_rows(logits, k)
     return candidates_in_blocks(logits, best_blocks(logits, k), k)
 
 

@@ -24,13 +24,14 @@ from service.backends.batch_sampling import (
     candidates_needed,
     sample_candidates,
 )
+from service.backends.native import top_k as native_top_k
 
 # Below this many logits one thread is quicker than handing out blocks.
 _PARALLEL_FROM = 4 * 1024 * 1024
 _MAX_THREADS = 8
 
 Logits = npt.NDArray[np.float32]
-Result = TypeVar("Result", bound=np.generic)
+Result = TypeVar("Result")
 
 
 class RowThreads:
@@ -40,34 +41,39 @@ class RowThreads:
 
     def argmax(self, logits: Logits) -> list[int]:
         """Index of the largest value of each row."""
-        return [int(token) for token in self._per_row(logits, _argmax)]
+        return [int(token) for token in np.concatenate(self._split(logits, _argmax))]
 
     def sample(self, logits: Logits, rows: Sequence[Row]) -> list[int]:
         """One draw per row (service.backends.batch_sampling).
 
-        Only the pass over the whole rows runs on the threads. The rest works on a
-        few hundred candidates per row, and split over threads its many short numpy
-        calls would wait on each other for the GIL: on the 16-core GPU host the
-        whole draw on 8 threads was slower than on one.
+        Only the search over the whole rows runs on the threads: the C top-k
+        (which runs without the GIL), or else numpy's block search. The rest works
+        on a few hundred candidates per row, and split over threads its many short
+        numpy calls would wait on each other for the GIL: on the 16-core GPU host
+        the whole draw on 8 threads was slower than on one.
         """
         width = candidates_needed([row.params for row in rows])
-        blocks = self._per_row(logits, lambda part: best_blocks(part, width))
-        ids, values = candidates_in_blocks(logits, blocks, width)
+        if native_top_k.available():
+            parts = self._split(logits, lambda part: native_top_k.top_k_rows(part, width))
+            ids = np.concatenate([part[0] for part in parts])
+            values = np.concatenate([part[1] for part in parts])
+        else:
+            blocks = self._split(logits, lambda part: best_blocks(part, width))
+            ids, values = candidates_in_blocks(logits, np.concatenate(blocks), width)
         return sample_candidates(ids, values, rows)
 
-    def _per_row(
-        self, logits: Logits, work: Callable[[Logits], npt.NDArray[Result]]
-    ) -> npt.NDArray[Result]:
-        """`work` on blocks of rows, on the pool when it pays; the results stacked."""
+    def _split(self, logits: Logits, work: Callable[[Logits], Result]) -> list[Result]:
+        """`work` on blocks of rows, on the pool when it pays; each block's result."""
         count = logits.shape[0]
         blocks = min(self._threads, count)
         if blocks < 2 or logits.size < _PARALLEL_FROM:
-            return work(logits)
+            return [work(logits)]
         if self._pool is None:
             self._pool = ThreadPoolExecutor(self._threads, thread_name_prefix="rows")
         bounds = np.linspace(0, count, blocks + 1).astype(int).tolist()
-        parts = self._pool.map(lambda begin, end: work(logits[begin:end]), bounds[:-1], bounds[1:])
-        return np.concatenate(list(parts))
+        return list(
+            self._pool.map(lambda begin, end: work(logits[begin:end]), bounds[:-1], bounds[1:])
+        )
 
     def close(self) -> None:
         if self._pool is not None:
