@@ -1,0 +1,309 @@
+"""A Hugging Face Hub on loopback: the HTTP calls huggingface_hub makes, over real files.
+
+No machine here reaches huggingface.co, so the tests that admit and pull hub
+models (issue 19) point huggingface_hub at this server instead (`endpoint=` in
+process, HF_ENDPOINT for a server process). It answers what the library asks:
+
+- GET /api/models/{repo}[/revision/{rev}] (model_info; `?blobs=true` adds sizes),
+- GET /api/models/{repo}/tree/{rev}[/{path}] and POST .../paths-info/{rev},
+- HEAD and GET /{repo}/resolve/{rev}/{path}: small files directly, with ETag and
+  X-Repo-Commit; large ("LFS") ones as a 302 to /lfs/{sha256} with X-Linked-Etag
+  and X-Linked-Size, as the real hub redirects to its CDN,
+- Range requests (206) on file bodies,
+- 404s with X-Error-Code (RepoNotFound, EntryNotFound, RevisionNotFound) and 401
+  with X-Error-Code GatedRepo for a gated repo asked without its token.
+
+Every body byte sent is counted per repo path, so a test can assert what a step
+transferred (zero weight bytes for a refusal, the header range for a GGUF).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+import threading
+from collections import Counter
+from dataclasses import dataclass, field
+from http import HTTPStatus
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any, NamedTuple
+from urllib.parse import parse_qs, unquote, urlsplit
+
+# Files at least this large are served the way the hub serves LFS files.
+LFS_FROM = 1024
+
+
+@dataclass
+class FakeRepo:
+    files: dict[str, bytes]
+    # With a token, the repo is gated: requests without `Bearer {token}` get 401.
+    token: str | None = None
+    commit: str = ""  # the files' own hash unless given
+
+    def __post_init__(self) -> None:
+        if not self.commit:
+            oids = "".join(f"{path}:{_git_oid(data)}" for path, data in sorted(self.files.items()))
+            self.commit = hashlib.sha1(oids.encode()).hexdigest()
+
+    def entry(self, path: str, *, blobs: bool = True) -> dict[str, Any]:
+        data = self.files[path]
+        item: dict[str, Any] = {"type": "file", "path": path, "oid": _git_oid(data)}
+        if blobs:
+            item["size"] = len(data)
+            if len(data) >= LFS_FROM:
+                item["lfs"] = {"oid": _sha256(data), "size": len(data), "pointerSize": 134}
+        return item
+
+
+@dataclass
+class FakeHub:
+    """The server and what it sent; `url` is the endpoint to hand huggingface_hub."""
+
+    repos: dict[str, FakeRepo] = field(default_factory=dict)
+    sent: Counter[str] = field(default_factory=Counter)  # "repo/path" -> body bytes
+    requests: list[str] = field(default_factory=list)  # "METHOD path"
+    lock: threading.Lock = field(default_factory=threading.Lock)
+    url: str = ""
+    _server: ThreadingHTTPServer | None = None
+
+    def start(self) -> FakeHub:
+        hub = self
+
+        class Handler(_HubHandler):
+            fake = hub
+
+        self._server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self._server.daemon_threads = True
+        self.url = f"http://127.0.0.1:{self._server.server_address[1]}"
+        threading.Thread(target=self._server.serve_forever, daemon=True).start()
+        return self
+
+    def stop(self) -> None:
+        if self._server is not None:
+            self._server.shutdown()
+            self._server.server_close()
+
+    def bytes_sent(self, repo_id: str, path: str | None = None) -> int:
+        """Body bytes of a repo's files sent so far (of one file, with `path`)."""
+        with self.lock:
+            if path is not None:
+                return self.sent[f"{repo_id}/{path}"]
+            return sum(n for key, n in self.sent.items() if key.startswith(f"{repo_id}/"))
+
+    def count(self, repo_id: str, path: str, sent: int) -> None:
+        with self.lock:
+            self.sent[f"{repo_id}/{path}"] += sent
+
+
+class _Ask(NamedTuple):
+    method: str
+    repo_id: str
+    repo: FakeRepo
+    groups: dict[str, str]
+    query: dict[str, list[str]]
+
+
+_REPO = r"(?P<repo>[^/]+/[^/]+)"
+_ROUTES = [
+    ("info", re.compile(rf"^/api/models/{_REPO}(?:/revision/(?P<rev>[^/]+))?$")),
+    ("tree", re.compile(rf"^/api/models/{_REPO}/tree/(?P<rev>[^/]+)(?:/(?P<path>.*))?$")),
+    ("paths", re.compile(rf"^/api/models/{_REPO}/paths-info/(?P<rev>[^/]+)$")),
+    ("resolve", re.compile(rf"^/{_REPO}/resolve/(?P<rev>[^/]+)/(?P<path>.+)$")),
+    ("lfs", re.compile(r"^/lfs/(?P<repo>[^/]+/[^/]+)/(?P<sha>[0-9a-f]{64})$")),
+]
+
+
+class _HubHandler(BaseHTTPRequestHandler):
+    fake: FakeHub
+    protocol_version = "HTTP/1.1"
+
+    def log_message(self, format: str, *args: object) -> None:
+        pass
+
+    def do_HEAD(self) -> None:
+        self._route("HEAD")
+
+    def do_GET(self) -> None:
+        self._route("GET")
+
+    def do_POST(self) -> None:
+        self._route("POST")
+
+    def _route(self, method: str) -> None:
+        split = urlsplit(self.path)
+        path = unquote(split.path)
+        with self.fake.lock:
+            self.fake.requests.append(f"{method} {path}")
+        for name, pattern in _ROUTES:
+            match = pattern.match(path)
+            if match is None:
+                continue
+            repo = self.fake.repos.get(match["repo"])
+            if repo is None:
+                return self._error(HTTPStatus.NOT_FOUND, "RepoNotFound")
+            if (
+                repo.token is not None
+                and self.headers.get("Authorization") != f"Bearer {repo.token}"
+            ):
+                return self._error(HTTPStatus.UNAUTHORIZED, "GatedRepo")
+            groups: dict[str, str] = {k: v for k, v in match.groupdict().items() if v is not None}
+            rev = groups.get("rev")
+            if rev is not None and unquote(rev) not in ("main", repo.commit):
+                return self._error(HTTPStatus.NOT_FOUND, "RevisionNotFound")
+            query = parse_qs(split.query)
+            ask = _Ask(method, match["repo"], repo, groups, query)
+            getattr(self, f"_{name}")(ask)
+            return None
+        self._error(HTTPStatus.NOT_FOUND, "RepoNotFound")
+
+    def _info(self, ask: _Ask) -> None:
+        method, repo_id, repo, _, query = ask
+        blobs = query.get("blobs") == ["True"] or query.get("blobs") == ["true"]
+        siblings = []
+        for path in sorted(repo.files):
+            item = repo.entry(path, blobs=blobs)
+            sibling: dict[str, Any] = {"rfilename": path}
+            if blobs:
+                sibling.update(size=item["size"], blobId=item["oid"])
+                if "lfs" in item:
+                    sibling["lfs"] = {
+                        "sha256": item["lfs"]["oid"],
+                        "size": item["size"],
+                        "pointerSize": 134,
+                    }
+            siblings.append(sibling)
+        self._json(
+            {
+                "_id": repo_id,
+                "id": repo_id,
+                "modelId": repo_id,
+                "sha": repo.commit,
+                "private": False,
+                "gated": "auto" if repo.token else False,
+                "disabled": False,
+                "tags": [],
+                "siblings": siblings,
+            },
+            method,
+        )
+
+    def _tree(self, ask: _Ask) -> None:
+        method, _, repo, groups, query = ask
+        prefix = (groups.get("path") or "").strip("/")
+        recursive = query.get("recursive") in (["True"], ["true"])
+        entries: list[dict[str, Any]] = []
+        folders: set[str] = set()
+        for path in sorted(repo.files):
+            if prefix and not path.startswith(prefix + "/"):
+                continue
+            rest = path[len(prefix) + 1 :] if prefix else path
+            if "/" in rest and not recursive:
+                folder = (prefix + "/" if prefix else "") + rest.split("/", 1)[0]
+                if folder not in folders:
+                    folders.add(folder)
+                    entries.append({"type": "directory", "path": folder, "oid": "0" * 40})
+                continue
+            entries.append(repo.entry(path))
+        self._json(entries, method)
+
+    def _paths(self, ask: _Ask) -> None:
+        method, _, repo, _, _ = ask
+        length = int(self.headers.get("Content-Length") or 0)
+        form = parse_qs(self.rfile.read(length).decode())
+        wanted = form.get("paths", [])
+        self._json([repo.entry(path) for path in wanted if path in repo.files], method)
+
+    def _resolve(self, ask: _Ask) -> None:
+        method, repo_id, repo, groups, _ = ask
+        path = groups["path"]
+        data = repo.files.get(path)
+        if data is None:
+            return self._error(HTTPStatus.NOT_FOUND, "EntryNotFound", commit=repo.commit)
+        if len(data) >= LFS_FROM:
+            self.send_response(HTTPStatus.FOUND)
+            # Absolute and to another host name, like the hub's CDN: huggingface_hub
+            # follows only relative redirects itself (renamed repos) when it asks HEAD.
+            port = self.headers.get("Host", "").rsplit(":", 1)[-1]
+            self.send_header("Location", f"http://localhost:{port}/lfs/{repo_id}/{_sha256(data)}")
+            self.send_header("X-Repo-Commit", repo.commit)
+            self.send_header("X-Linked-Etag", f'"{_sha256(data)}"')
+            self.send_header("X-Linked-Size", str(len(data)))
+            self.send_header("ETag", f'"{_git_oid(data)}"')
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+            return None
+        self._body(method, repo_id, path, data, etag=_git_oid(data), commit=repo.commit)
+        return None
+
+    def _lfs(self, ask: _Ask) -> None:
+        method, repo_id, repo, groups, _ = ask
+        for path, data in repo.files.items():
+            if len(data) >= LFS_FROM and _sha256(data) == groups["sha"]:
+                return self._body(method, repo_id, path, data, etag=groups["sha"], commit=None)
+        return self._error(HTTPStatus.NOT_FOUND, "EntryNotFound")
+
+    def _body(
+        self, method: str, repo_id: str, path: str, data: bytes, *, etag: str, commit: str | None
+    ) -> None:
+        start, end = 0, len(data)
+        status = HTTPStatus.OK
+        ranged = re.fullmatch(r"bytes=(\d*)-(\d*)", self.headers.get("Range", ""))
+        if ranged is not None and data:
+            first, last = ranged.groups()
+            if first:
+                start, end = int(first), min(len(data), int(last) + 1 if last else len(data))
+            else:  # a suffix: the last N bytes
+                start = max(0, len(data) - int(last))
+            if start >= len(data):
+                self.send_response(HTTPStatus.REQUESTED_RANGE_NOT_SATISFIABLE)
+                self.send_header("Content-Range", f"bytes */{len(data)}")
+                self.send_header("Content-Length", "0")
+                self.end_headers()
+                return
+            status = HTTPStatus.PARTIAL_CONTENT
+        body = data[start:end]
+        self.send_response(status)
+        self.send_header("Content-Type", "application/octet-stream")
+        self.send_header("Content-Length", str(len(body)))
+        self.send_header("Accept-Ranges", "bytes")
+        self.send_header("ETag", f'"{etag}"')
+        if commit is not None:
+            self.send_header("X-Repo-Commit", commit)
+        if status == HTTPStatus.PARTIAL_CONTENT:
+            self.send_header("Content-Range", f"bytes {start}-{end - 1}/{len(data)}")
+        self.end_headers()
+        if method == "GET":
+            try:
+                self.wfile.write(body)
+            finally:
+                self.fake.count(repo_id, path, len(body))
+
+    def _json(self, value: object, method: str) -> None:
+        body = json.dumps(value).encode()
+        self.send_response(HTTPStatus.OK)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        if method != "HEAD":
+            self.wfile.write(body)
+
+    def _error(self, status: HTTPStatus, code: str, commit: str | None = None) -> None:
+        body = json.dumps({"error": code}).encode()
+        self.send_response(status)
+        self.send_header("X-Error-Code", code)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(body)))
+        if commit is not None:
+            self.send_header("X-Repo-Commit", commit)
+        self.end_headers()
+        if self.command != "HEAD":
+            self.wfile.write(body)
+
+
+def _sha256(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+def _git_oid(data: bytes) -> str:
+    return hashlib.sha1(b"blob %d\0" % len(data) + data).hexdigest()
