@@ -22,6 +22,7 @@ from typing import Annotated, Any, Literal
 
 import yaml
 from huggingface_hub import constants as hf_constants
+from huggingface_hub import get_token
 from pydantic import (
     AliasChoices,
     BaseModel,
@@ -37,6 +38,12 @@ from pydantic_settings import BaseSettings, EnvSettingsSource, NoDecode, Setting
 from service.backends.names import FlashAttention, KvLayout
 
 ENV_PREFIX = "INFERENCE_"
+
+
+def _hub_token() -> SecretStr | None:
+    token = get_token()
+    return SecretStr(token) if token else None
+
 
 __all__ = [
     "FlashAttention",
@@ -182,7 +189,18 @@ class PoolSettings(BaseModel):
     )
     hf_offline: bool = Field(
         default_factory=lambda: bool(hf_constants.HF_HUB_OFFLINE),
-        description="Never contact the Hugging Face hub; use only what is in its cache.",
+        description="Never contact the Hugging Face hub; use only what is in its cache "
+        "(wins over everything else about the hub).",
+    )
+    hf_endpoint: str = Field(
+        default_factory=lambda: hf_constants.ENDPOINT,
+        description="The Hugging Face hub's address (default: HF_ENDPOINT, else "
+        "https://huggingface.co).",
+    )
+    hf_token: SecretStr | None = Field(
+        default_factory=lambda: _hub_token(),
+        description="A Hugging Face token, for gated and private repos (default: HF_TOKEN, "
+        "or the token `hf auth login` saved).",
     )
     memory_budget: ByteSize | None = Field(
         default=None,

@@ -23,6 +23,7 @@ from inference.v1 import inference_pb2 as pb
 from service.admission import Capability, Decision, decide
 from service.auth import BearerAuth
 from service.config import Settings, load_settings
+from service.hub.remote import HubAccess
 from service.images.external import CommandResolver
 from service.images.requests import ImageLimits
 from service.limits import RequestLimits
@@ -62,8 +63,17 @@ def build_pool(settings: Settings) -> ModelPool:
         crash_window=settings.engine_crash_window,
     )
 
+    token = settings.hf_token.get_secret_value() if settings.hf_token else None
+    hub = HubAccess(settings.hf_endpoint, token)
+
     def admit(source: ModelSource, capability: Capability) -> Decision:
-        return decide(source, capability, offline=settings.hf_offline)
+        return decide(
+            source,
+            capability,
+            offline=settings.hf_offline,
+            hub=hub,
+            hub_cache=settings.hf_cache_dir,
+        )
 
     return ModelPool(Catalog(settings, resolver), admit, engine_starter(settings), limits)
 

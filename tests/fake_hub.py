@@ -27,6 +27,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 from http import HTTPStatus
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
 from typing import Any, NamedTuple
 from urllib.parse import parse_qs, unquote, urlsplit
 
@@ -36,23 +37,37 @@ LFS_FROM = 1024
 
 @dataclass
 class FakeRepo:
-    files: dict[str, bytes]
+    # Contents, or a file to read them from (read once, here).
+    files: dict[str, bytes | Path]
     # With a token, the repo is gated: requests without `Bearer {token}` get 401.
     token: str | None = None
     commit: str = ""  # the files' own hash unless given
+    sha256: dict[str, str] = field(default_factory=dict)
+    oid: dict[str, str] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
+        self.files = {
+            path: data.read_bytes() if isinstance(data, Path) else data
+            for path, data in self.files.items()
+        }
+        for path, data in self.data.items():
+            self.sha256[path] = hashlib.sha256(data).hexdigest()
+            self.oid[path] = _git_oid(data)
         if not self.commit:
-            oids = "".join(f"{path}:{_git_oid(data)}" for path, data in sorted(self.files.items()))
+            oids = "".join(f"{path}:{self.oid[path]}" for path in sorted(self.files))
             self.commit = hashlib.sha1(oids.encode()).hexdigest()
 
+    @property
+    def data(self) -> dict[str, bytes]:
+        return {path: data for path, data in self.files.items() if isinstance(data, bytes)}
+
     def entry(self, path: str, *, blobs: bool = True) -> dict[str, Any]:
-        data = self.files[path]
-        item: dict[str, Any] = {"type": "file", "path": path, "oid": _git_oid(data)}
+        size = len(self.data[path])
+        item: dict[str, Any] = {"type": "file", "path": path, "oid": self.oid[path]}
         if blobs:
-            item["size"] = len(data)
-            if len(data) >= LFS_FROM:
-                item["lfs"] = {"oid": _sha256(data), "size": len(data), "pointerSize": 134}
+            item["size"] = size
+            if size >= LFS_FROM:
+                item["lfs"] = {"oid": self.sha256[path], "size": size, "pointerSize": 134}
         return item
 
 
@@ -142,10 +157,9 @@ class _HubHandler(BaseHTTPRequestHandler):
             repo = self.fake.repos.get(match["repo"])
             if repo is None:
                 return self._error(HTTPStatus.NOT_FOUND, "RepoNotFound")
-            if (
-                repo.token is not None
-                and self.headers.get("Authorization") != f"Bearer {repo.token}"
-            ):
+            signed = self.headers.get("Authorization") == f"Bearer {repo.token}"
+            # The CDN (/lfs) asks no token: the real one is reached by a signed URL.
+            if repo.token is not None and not signed and name != "lfs":
                 return self._error(HTTPStatus.UNAUTHORIZED, "GatedRepo")
             groups: dict[str, str] = {k: v for k, v in match.groupdict().items() if v is not None}
             rev = groups.get("rev")
@@ -217,7 +231,7 @@ class _HubHandler(BaseHTTPRequestHandler):
     def _resolve(self, ask: _Ask) -> None:
         method, repo_id, repo, groups, _ = ask
         path = groups["path"]
-        data = repo.files.get(path)
+        data = repo.data.get(path)
         if data is None:
             return self._error(HTTPStatus.NOT_FOUND, "EntryNotFound", commit=repo.commit)
         if len(data) >= LFS_FROM:
@@ -225,21 +239,23 @@ class _HubHandler(BaseHTTPRequestHandler):
             # Absolute and to another host name, like the hub's CDN: huggingface_hub
             # follows only relative redirects itself (renamed repos) when it asks HEAD.
             port = self.headers.get("Host", "").rsplit(":", 1)[-1]
-            self.send_header("Location", f"http://localhost:{port}/lfs/{repo_id}/{_sha256(data)}")
+            self.send_header(
+                "Location", f"http://localhost:{port}/lfs/{repo_id}/{repo.sha256[path]}"
+            )
             self.send_header("X-Repo-Commit", repo.commit)
-            self.send_header("X-Linked-Etag", f'"{_sha256(data)}"')
+            self.send_header("X-Linked-Etag", f'"{repo.sha256[path]}"')
             self.send_header("X-Linked-Size", str(len(data)))
-            self.send_header("ETag", f'"{_git_oid(data)}"')
+            self.send_header("ETag", f'"{repo.oid[path]}"')
             self.send_header("Content-Length", "0")
             self.end_headers()
             return None
-        self._body(method, repo_id, path, data, etag=_git_oid(data), commit=repo.commit)
+        self._body(method, repo_id, path, data, etag=repo.oid[path], commit=repo.commit)
         return None
 
     def _lfs(self, ask: _Ask) -> None:
         method, repo_id, repo, groups, _ = ask
-        for path, data in repo.files.items():
-            if len(data) >= LFS_FROM and _sha256(data) == groups["sha"]:
+        for path, data in repo.data.items():
+            if len(data) >= LFS_FROM and repo.sha256[path] == groups["sha"]:
                 return self._body(method, repo_id, path, data, etag=groups["sha"], commit=None)
         return self._error(HTTPStatus.NOT_FOUND, "EntryNotFound")
 
@@ -274,10 +290,10 @@ class _HubHandler(BaseHTTPRequestHandler):
             self.send_header("Content-Range", f"bytes {start}-{end - 1}/{len(data)}")
         self.end_headers()
         if method == "GET":
-            try:
-                self.wfile.write(body)
-            finally:
-                self.fake.count(repo_id, path, len(body))
+            # Counted before it is written: the client may have read it all, and the
+            # test asked, before this thread runs again.
+            self.fake.count(repo_id, path, len(body))
+            self.wfile.write(body)
 
     def _json(self, value: object, method: str) -> None:
         body = json.dumps(value).encode()
@@ -299,10 +315,6 @@ class _HubHandler(BaseHTTPRequestHandler):
         self.end_headers()
         if self.command != "HEAD":
             self.wfile.write(body)
-
-
-def _sha256(data: bytes) -> str:
-    return hashlib.sha256(data).hexdigest()
 
 
 def _git_oid(data: bytes) -> str:

@@ -273,7 +273,7 @@ class MemoryEstimate(_message.Message):
     def __init__(self, weights_bytes: _Optional[int] = ..., kv_cache_bytes: _Optional[int] = ..., total_bytes: _Optional[int] = ..., budget_bytes: _Optional[int] = ..., free_bytes: _Optional[int] = ..., fits: _Optional[bool] = ..., would_evict: _Optional[_Iterable[str]] = ..., host_bytes: _Optional[int] = ..., device_bytes: _Optional[int] = ..., device_budget_bytes: _Optional[int] = ..., device_free_bytes: _Optional[int] = ..., parked_bytes: _Optional[int] = ..., measured_rss_bytes: _Optional[int] = ..., measured_gpu_bytes: _Optional[int] = ...) -> None: ...
 
 class AdmitResponse(_message.Message):
-    __slots__ = ("admitted", "reason", "backend", "architecture", "quantization", "memory", "loaded", "available_locally")
+    __slots__ = ("admitted", "reason", "backend", "architecture", "quantization", "memory", "loaded", "available_locally", "download")
     ADMITTED_FIELD_NUMBER: _ClassVar[int]
     REASON_FIELD_NUMBER: _ClassVar[int]
     BACKEND_FIELD_NUMBER: _ClassVar[int]
@@ -282,6 +282,7 @@ class AdmitResponse(_message.Message):
     MEMORY_FIELD_NUMBER: _ClassVar[int]
     LOADED_FIELD_NUMBER: _ClassVar[int]
     AVAILABLE_LOCALLY_FIELD_NUMBER: _ClassVar[int]
+    DOWNLOAD_FIELD_NUMBER: _ClassVar[int]
     admitted: bool
     reason: str
     backend: str
@@ -290,7 +291,32 @@ class AdmitResponse(_message.Message):
     memory: MemoryEstimate
     loaded: bool
     available_locally: bool
-    def __init__(self, admitted: _Optional[bool] = ..., reason: _Optional[str] = ..., backend: _Optional[str] = ..., architecture: _Optional[str] = ..., quantization: _Optional[_Union[Quantization, _Mapping]] = ..., memory: _Optional[_Union[MemoryEstimate, _Mapping]] = ..., loaded: _Optional[bool] = ..., available_locally: _Optional[bool] = ...) -> None: ...
+    download: HubDownload
+    def __init__(self, admitted: _Optional[bool] = ..., reason: _Optional[str] = ..., backend: _Optional[str] = ..., architecture: _Optional[str] = ..., quantization: _Optional[_Union[Quantization, _Mapping]] = ..., memory: _Optional[_Union[MemoryEstimate, _Mapping]] = ..., loaded: _Optional[bool] = ..., available_locally: _Optional[bool] = ..., download: _Optional[_Union[HubDownload, _Mapping]] = ...) -> None: ...
+
+class HubDownload(_message.Message):
+    __slots__ = ("repo", "commit", "files", "total_bytes", "disk_free_bytes", "fits_on_disk")
+    REPO_FIELD_NUMBER: _ClassVar[int]
+    COMMIT_FIELD_NUMBER: _ClassVar[int]
+    FILES_FIELD_NUMBER: _ClassVar[int]
+    TOTAL_BYTES_FIELD_NUMBER: _ClassVar[int]
+    DISK_FREE_BYTES_FIELD_NUMBER: _ClassVar[int]
+    FITS_ON_DISK_FIELD_NUMBER: _ClassVar[int]
+    repo: str
+    commit: str
+    files: _containers.RepeatedCompositeFieldContainer[HubFile]
+    total_bytes: int
+    disk_free_bytes: int
+    fits_on_disk: bool
+    def __init__(self, repo: _Optional[str] = ..., commit: _Optional[str] = ..., files: _Optional[_Iterable[_Union[HubFile, _Mapping]]] = ..., total_bytes: _Optional[int] = ..., disk_free_bytes: _Optional[int] = ..., fits_on_disk: _Optional[bool] = ...) -> None: ...
+
+class HubFile(_message.Message):
+    __slots__ = ("path", "size_bytes")
+    PATH_FIELD_NUMBER: _ClassVar[int]
+    SIZE_BYTES_FIELD_NUMBER: _ClassVar[int]
+    path: str
+    size_bytes: int
+    def __init__(self, path: _Optional[str] = ..., size_bytes: _Optional[int] = ...) -> None: ...
 
 class GenerateImageRequest(_message.Message):
     __slots__ = ("model", "prompt", "negative_prompt", "width", "height", "steps", "guidance", "seed")

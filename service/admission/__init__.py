@@ -31,8 +31,10 @@ from service.admission.gates import (
     llama_cpp_refusal,
     mlx_lm_refusal,
 )
+from service.admission.hub import Download, read_remote
+from service.hub.remote import HubAccess
 from service.memory import MemoryNeed, offloaded_share
-from service.model_source import ModelSource
+from service.model_source import HubReference, ModelSource
 
 
 class Capability(enum.Enum):
@@ -49,6 +51,8 @@ class Decision:
     available_locally: bool = False
     # The backend's library can put layers on a GPU (a CUDA build of llama.cpp).
     offloads: bool = False
+    # A hub model not on disk yet: what a download would take.
+    download: Download | None = None
 
     def memory(
         self, context_size: int, gpu_layers: int = 0, sequences: int = 1, *, pooled: bool = False
@@ -64,33 +68,77 @@ class Decision:
         return MemoryNeed.offloaded(weights, kv_cache, share)
 
 
-def decide(source: ModelSource, capability: Capability, *, offline: bool) -> Decision:
+def decide(
+    source: ModelSource,
+    capability: Capability,
+    *,
+    offline: bool,
+    hub: HubAccess | None = None,
+    hub_cache: Path | None = None,
+) -> Decision:
     """Whether this build serves the model, from its metadata. A model whose metadata is
-    broken is refused with the reason, never an error: it is the caller's bad model."""
+    broken is refused with the reason, never an error: it is the caller's bad model.
+
+    A hub model that is not in the cache is judged from the hub's metadata (`hub`,
+    unless offline); the hub's own refusals (no such repo, gated) are errors."""
     if source.path is None:
-        return _not_cached(source, offline)
+        if offline or hub is None or source.hub is None:
+            return _not_cached(source, offline)
+        return _decide_remote(source.hub, capability, hub, hub_cache or Path("."))
     if capability is Capability.IMAGE and source.kind != "diffusers":
         return Decision(False, f"{source.path.name} is a text model; call Generate", "", None, True)
     backend = {"diffusers": DIFFUSERS, "gguf": LLAMA_CPP}.get(source.kind, MLX_LM)
     try:
-        return _decide_local(source.path, source.kind, capability)
+        description = _describe_local(source.path, source.kind)
     except UnreadableModel as exc:
         return Decision(False, str(exc), backend, None, available_locally=True)
+    return _decide_described(source.kind, description, capability, source.path.name)
 
 
-def _decide_local(path: Path, kind: str, capability: Capability) -> Decision:
+def _describe_local(path: Path, kind: str) -> ModelDescription:
     if kind == "diffusers":
-        description = describe_pipeline(path)
+        return describe_pipeline(path)
+    if kind == "gguf":
+        return describe_gguf(path)
+    return describe_checkpoint(path)
+
+
+def _decide_described(
+    kind: str, description: ModelDescription, capability: Capability, name: str
+) -> Decision:
+    if kind == "diffusers":
         if capability is not Capability.IMAGE:
-            refusal = f"{path.name} is an image pipeline; call GenerateImage"
+            refusal = f"{name} is an image pipeline; call GenerateImage"
             return _verdict(DIFFUSERS, description, refusal)
         return _verdict(DIFFUSERS, description, diffusers_refusal(description))
+    if capability is Capability.IMAGE:
+        return Decision(False, f"{name} is a text model; call Generate", "", None, True)
     if kind == "gguf":
-        description = describe_gguf(path)
         verdict = _verdict(LLAMA_CPP, description, llama_cpp_refusal(description))
         return dataclasses.replace(verdict, offloads=llama_cpp_offloads())
-    description = describe_checkpoint(path)
     return _verdict(MLX_LM, description, mlx_lm_refusal(description))
+
+
+def _decide_remote(
+    hub: HubReference, capability: Capability, access: HubAccess, hub_cache: Path
+) -> Decision:
+    remote = read_remote(hub, access, hub_cache)
+    download = remote.download
+    backend = {"diffusers": DIFFUSERS, "gguf": LLAMA_CPP}.get(remote.kind, MLX_LM)
+    if remote.description is None:
+        decision = Decision(False, remote.problem, backend if remote.kind != "unknown" else "")
+    else:
+        decision = _decide_described(remote.kind, remote.description, capability, str(hub))
+    reason = decision.reason
+    if decision.admitted:
+        files = len(download.files)
+        reason += (
+            f"; not on local disk yet: a download of {download.total_bytes} bytes "
+            f"({files} file{'s' if files != 1 else ''})"
+        )
+        if not download.fits_on_disk:
+            reason += f", more than the {download.free_bytes} bytes free for the hub cache"
+    return dataclasses.replace(decision, reason=reason, available_locally=False, download=download)
 
 
 def _verdict(backend: str, description: ModelDescription, refusal: str | None) -> Decision:
@@ -101,11 +149,13 @@ def _verdict(backend: str, description: ModelDescription, refusal: str | None) -
 
 
 def _not_cached(source: ModelSource, offline: bool) -> Decision:
+    return Decision(False, not_downloaded(source, offline=offline))
+
+
+def not_downloaded(source: ModelSource, *, offline: bool = False) -> str:
+    """Why a hub model that is not in the cache cannot be loaded, and what to do."""
     where = f"the Hugging Face cache has no copy of {source.hub}"
+    repo = source.hub.repo_id if source.hub else ""
     if offline:
-        return Decision(False, f"{where}, and offline mode is on: download it first")
-    return Decision(
-        False,
-        f"{where}; this build reads hub models from the cache only: "
-        f"run `huggingface-cli download {source.hub.repo_id if source.hub else ''}` first",
-    )
+        return f"{where}, and offline mode is on: download it first (`hf download {repo}`)"
+    return f"{where}: download it first (`hf download {repo}`)"

@@ -24,7 +24,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from functools import lru_cache
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 import gguf
 
@@ -35,6 +35,7 @@ from service.admission.gguf_header import (
     GGUFFormatError,
     GGUFHeader,
     read_gguf_header,
+    read_gguf_header_from,
 )
 from service.admission.quantization import (
     Quantization,
@@ -108,6 +109,15 @@ def _describe_gguf_cached(path: Path, size: int, mtime_ns: int) -> ModelDescript
     except GGUFFormatError as exc:
         return f"not a readable GGUF file: {exc}"
     return _describe_header(header)
+
+
+def describe_gguf_from(file: BinaryIO, size: int) -> ModelDescription:
+    """A GGUF file's description from an open file of `size` bytes (a hub file read
+    by ranges); UnreadableModel when its header cannot be read."""
+    try:
+        return _describe_header(read_gguf_header_from(file, size))
+    except GGUFFormatError as exc:
+        raise UnreadableModel(f"not a readable GGUF file: {exc}") from exc
 
 
 def _describe_header(header: GGUFHeader) -> ModelDescription:
@@ -194,10 +204,15 @@ def _gguf_kv_bytes_per_token(values: Mapping[str, Any], arch: str) -> int:
 
 
 def describe_checkpoint(directory: Path) -> ModelDescription:
-    config = read_config(directory)
+    return checkpoint_description(
+        read_config(directory), _total_size(directory.glob("*.safetensors"))
+    )
+
+
+def checkpoint_description(config: dict[str, Any], weights: int) -> ModelDescription:
+    """A checkpoint's description from its config.json and its safetensors' bytes."""
     text_config = config.get("text_config")
     text = text_config if isinstance(text_config, Mapping) else config
-    weights = _total_size(directory.glob("*.safetensors"))
     model_type = config.get("model_type")
     return ModelDescription(
         format="safetensors",
@@ -277,6 +292,11 @@ def describe_pipeline(directory: Path) -> ModelDescription:
     index = _read_json(directory / "model_index.json")
     weights = [f for f in directory.rglob("*") if f.suffix in (".safetensors", ".bin")]
     dtype = next((d for f in weights if (d := _safetensors_dtype(f))), "float32")
+    return pipeline_description(index, _total_size(weights), dtype)
+
+
+def pipeline_description(index: dict[str, Any], weights: int, dtype: str) -> ModelDescription:
+    """A pipeline's description from its model_index.json, weight bytes and dtype."""
     class_name = index.get("_class_name", "")
     defect = ""
     if not isinstance(class_name, str):
@@ -286,7 +306,7 @@ def describe_pipeline(directory: Path) -> ModelDescription:
         format="diffusers",
         architecture=class_name,
         quantization=from_checkpoint_config({"torch_dtype": dtype}),
-        weights_bytes=_total_size(weights),
+        weights_bytes=weights,
         kv_bytes_per_token=0,
         trained_context=0,
         config=index,
@@ -314,8 +334,17 @@ def _safetensors_dtype(path: Path) -> str | None:
         return None
     try:
         with path.open("rb") as file:
-            length = int.from_bytes(file.read(8), "little")
-            header = json.loads(file.read(min(length, 1 << 24)))
+            return safetensors_dtype_from(file)
+    except OSError:
+        return None
+
+
+def safetensors_dtype_from(file: BinaryIO) -> str | None:
+    """The dtype of the first floating tensor of an open safetensors file (its header
+    alone: 8 bytes of length, then that much JSON, at most 16 MiB)."""
+    try:
+        length = int.from_bytes(file.read(8), "little")
+        header = json.loads(file.read(min(length, 1 << 24)))
     except (OSError, ValueError, RecursionError):
         return None
     if not isinstance(header, dict):
@@ -338,17 +367,25 @@ def _read_json(path: Path) -> dict[str, Any]:
     which the reply already carries."""
     try:
         size = path.stat().st_size
-        data = json.loads(path.read_bytes()) if size <= MAX_JSON_BYTES else None
+        text = path.read_bytes() if size <= MAX_JSON_BYTES else b""
     except OSError as exc:
         raise UnreadableModel(f"the model has no readable {path.name}: {exc.strerror}") from exc
-    except RecursionError as exc:
-        raise UnreadableModel(f"{path.name} nests its values too deeply to read") from exc
-    except ValueError as exc:  # JSONDecodeError, or bytes that are not UTF-8
-        raise UnreadableModel(f"{path.name} is not valid JSON: {exc}") from exc
+    return json_object(text, path.name, size)
+
+
+def json_object(text: bytes, name: str, size: int) -> dict[str, Any]:
+    """The JSON object in a config file's bytes (`size` in all; over MAX_JSON_BYTES is
+    refused unread), or UnreadableModel saying what is wrong, naming the file."""
     if size > MAX_JSON_BYTES:
-        raise UnreadableModel(f"{path.name} is {size} bytes; a config is at most {MAX_JSON_BYTES}")
+        raise UnreadableModel(f"{name} is {size} bytes; a config is at most {MAX_JSON_BYTES}")
+    try:
+        data = json.loads(text)
+    except RecursionError as exc:
+        raise UnreadableModel(f"{name} nests its values too deeply to read") from exc
+    except ValueError as exc:  # JSONDecodeError, or bytes that are not UTF-8
+        raise UnreadableModel(f"{name} is not valid JSON: {exc}") from exc
     if not isinstance(data, dict):
-        raise UnreadableModel(f"{path.name} is not a JSON object")
+        raise UnreadableModel(f"{name} is not a JSON object")
     return data
 
 

@@ -207,17 +207,22 @@ class _Reader:
 
 def read_gguf_header(path: Path) -> GGUFHeader:
     with path.open("rb", buffering=1 << 16) as file:
-        size = _file_size(file)
-        reader = _Reader(file, size)
-        if size < 4 or reader.take(4, "the magic number") != MAGIC:
-            raise GGUFFormatError("the file does not start with 'GGUF': it is not a GGUF file")
-        version = _version(reader)
-        n_tensors, n_values = _counts(reader)
-        values, types = _key_values(reader, n_values)
-        alignment = _alignment(values, types)
-        tensors = [_tensor_info(reader, index) for index in range(n_tensors)]
-        _no_duplicate_names(tensors)
-        data_start = reader.position + (-reader.position % alignment)
+        return read_gguf_header_from(file, _file_size(file))
+
+
+def read_gguf_header_from(file: BinaryIO, size: int) -> GGUFHeader:
+    """The header of a GGUF file of `size` bytes, read forward from the file's start:
+    a local file, or a hub file read by ranges, which then moves the header alone."""
+    reader = _Reader(file, size)
+    if size < 4 or reader.take(4, "the magic number") != MAGIC:
+        raise GGUFFormatError("the file does not start with 'GGUF': it is not a GGUF file")
+    version = _version(reader)
+    n_tensors, n_values = _counts(reader)
+    values, types = _key_values(reader, n_values)
+    alignment = _alignment(values, types)
+    tensors = [_tensor_info(reader, index) for index in range(n_tensors)]
+    _no_duplicate_names(tensors)
+    data_start = reader.position + (-reader.position % alignment)
     duplicate = reader.duplicate_tokens
     return GGUFHeader(version, values, types, tensors, data_start, size, alignment, duplicate)
 

@@ -6,6 +6,7 @@ from dataclasses import dataclass
 
 from inference.v1 import inference_pb2 as pb
 from service.admission import Decision
+from service.admission.hub import Download
 from service.engine.base import MeasuredMemory
 from service.memory import MemoryNeed
 from service.models.pool import Plan, PoolLimits, too_big
@@ -54,7 +55,9 @@ class AdmissionReport:
         if device_budget is not None:
             memory.device_budget_bytes = device_budget
             memory.device_free_bytes = max(device_budget - self.used_device_bytes, 0)
+        download = self.decision.download
         return pb.AdmitResponse(
+            download=_download_pb(download) if download is not None else None,
             admitted=self.admitted,
             reason=self.reason,
             backend=self.decision.backend,
@@ -64,3 +67,14 @@ class AdmissionReport:
             loaded=self.loaded,
             available_locally=self.decision.available_locally,
         )
+
+
+def _download_pb(download: Download) -> pb.HubDownload:
+    return pb.HubDownload(
+        repo=download.repo_id,
+        commit=download.commit,
+        files=[pb.HubFile(path=path, size_bytes=size) for path, size in download.files.items()],
+        total_bytes=download.total_bytes,
+        disk_free_bytes=download.free_bytes,
+        fits_on_disk=download.fits_on_disk,
+    )

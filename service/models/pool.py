@@ -38,7 +38,7 @@ from typing import Any
 
 import structlog
 
-from service.admission import Capability, Decision
+from service.admission import Capability, Decision, not_downloaded
 from service.backends.names import LLAMA_CPP
 from service.engine.base import Engine, EngineCrashed, EngineHooks
 from service.engine.crash_backoff import CrashHistory
@@ -340,6 +340,9 @@ class ModelPool:
         if refusal is not None:
             raise NotSupported(refusal)
         source = await asyncio.to_thread(spec.locate)
+        if not source.available_locally:
+            # Admission would ask the hub about it; loading needs the files here.
+            raise NotSupported(f"model {spec.name!r} cannot be served: {not_downloaded(source)}")
         decision = await asyncio.to_thread(self._admit, source, capability)
         if not decision.admitted:
             raise NotSupported(f"model {spec.name!r} cannot be served: {decision.reason}")

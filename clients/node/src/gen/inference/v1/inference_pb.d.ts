@@ -873,6 +873,15 @@ export declare type AdmitResponse = Message<"inference.v1.AdmitResponse"> & {
    * @generated from field: bool available_locally = 8;
    */
   availableLocally: boolean;
+
+  /**
+   * For a hub model that is not on local disk: what a download would take.
+   * Admit then reads the hub's metadata only (file sizes, configs, a GGUF's
+   * header by ranged reads), never the weights. Unset otherwise.
+   *
+   * @generated from field: inference.v1.HubDownload download = 9;
+   */
+  download?: HubDownload | undefined;
 };
 
 /**
@@ -880,6 +889,77 @@ export declare type AdmitResponse = Message<"inference.v1.AdmitResponse"> & {
  * Use `create(AdmitResponseSchema)` to create a new message.
  */
 export declare const AdmitResponseSchema: GenMessage<AdmitResponse>;
+
+/**
+ * @generated from message inference.v1.HubDownload
+ */
+export declare type HubDownload = Message<"inference.v1.HubDownload"> & {
+  /**
+   * "owner/name".
+   *
+   * @generated from field: string repo = 1;
+   */
+  repo: string;
+
+  /**
+   * The commit the requested revision resolved to.
+   *
+   * @generated from field: string commit = 2;
+   */
+  commit: string;
+
+  /**
+   * The files the chosen backend needs: one GGUF (all parts of a split one);
+   * safetensors, tokenizer and configs of a checkpoint; a pipeline's folders.
+   *
+   * @generated from field: repeated inference.v1.HubFile files = 3;
+   */
+  files: HubFile[];
+
+  /**
+   * @generated from field: uint64 total_bytes = 4;
+   */
+  totalBytes: bigint;
+
+  /**
+   * Free bytes on the file system holding the hub cache.
+   *
+   * @generated from field: uint64 disk_free_bytes = 5;
+   */
+  diskFreeBytes: bigint;
+
+  /**
+   * @generated from field: bool fits_on_disk = 6;
+   */
+  fitsOnDisk: boolean;
+};
+
+/**
+ * Describes the message inference.v1.HubDownload.
+ * Use `create(HubDownloadSchema)` to create a new message.
+ */
+export declare const HubDownloadSchema: GenMessage<HubDownload>;
+
+/**
+ * @generated from message inference.v1.HubFile
+ */
+export declare type HubFile = Message<"inference.v1.HubFile"> & {
+  /**
+   * @generated from field: string path = 1;
+   */
+  path: string;
+
+  /**
+   * @generated from field: uint64 size_bytes = 2;
+   */
+  sizeBytes: bigint;
+};
+
+/**
+ * Describes the message inference.v1.HubFile.
+ * Use `create(HubFileSchema)` to create a new message.
+ */
+export declare const HubFileSchema: GenMessage<HubFile>;
 
 /**
  * @generated from message inference.v1.GenerateImageRequest

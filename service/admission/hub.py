@@ -1,0 +1,166 @@
+"""Admission of a hub model that is not on disk yet, from the hub's metadata alone.
+
+The same gates as for a local file (see `service.admission`), fed by what
+`service.hub.remote` reads over HTTP: a GGUF's header, a checkpoint's
+config.json, a pipeline's model_index.json and one safetensors header. The
+answer adds what a download would take (the files the backend needs, their
+bytes) and whether that fits on the disk holding the hub cache. Descriptions
+are kept per commit, so asking again costs one call for the file list.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import shutil
+import threading
+from collections import OrderedDict
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from service.admission.describe import (
+    MAX_JSON_BYTES,
+    ModelDescription,
+    UnreadableModel,
+    checkpoint_description,
+    describe_gguf_from,
+    json_object,
+    pipeline_description,
+    safetensors_dtype_from,
+)
+from service.hub.files import (
+    checkpoint_files,
+    gguf_parts,
+    pick_gguf,
+    pipeline_files,
+    repo_kind,
+)
+from service.hub.remote import HubAccess, RemoteRepo
+from service.model_source import HubReference, SourceKind
+
+# Reads of a safetensors header fetch this much at a time (its JSON is often a few KB).
+_SAFETENSORS_BLOCK = 64 << 10
+_REMEMBERED = 64
+
+
+@dataclass(frozen=True)
+class Download:
+    """What fetching a hub model would move, and whether the disk has room."""
+
+    repo_id: str
+    commit: str
+    files: dict[str, int]  # the files the backend needs, and their bytes
+    free_bytes: int  # on the file system holding the hub cache
+
+    @property
+    def total_bytes(self) -> int:
+        return sum(self.files.values())
+
+    @property
+    def fits_on_disk(self) -> bool:
+        return self.total_bytes <= self.free_bytes
+
+
+@dataclass(frozen=True)
+class RemoteModel:
+    kind: SourceKind
+    # None when the metadata cannot be read; `problem` says why.
+    description: ModelDescription | None
+    problem: str
+    download: Download
+
+
+def read_remote(hub: HubReference, access: HubAccess, cache_dir: Path) -> RemoteModel:
+    """What a hub model is and what a download would take, reading no weights."""
+    repo = RemoteRepo(hub, access)
+    key = (access.endpoint, hub.repo_id, repo.commit, hub.file)
+    with _lock:
+        found = _remembered.get(key)
+    if found is None:
+        found = _read(repo, hub)
+        with _lock:
+            _remembered[key] = found
+            while len(_remembered) > _REMEMBERED:
+                _remembered.popitem(last=False)
+    kind, description, problem, files = found
+    download = Download(hub.repo_id, repo.commit, files, _free_bytes(cache_dir))
+    return RemoteModel(kind, description, problem, download)
+
+
+_Read = tuple[SourceKind, ModelDescription | None, str, dict[str, int]]
+_remembered: OrderedDict[tuple[str, str, str, str | None], _Read] = OrderedDict()
+_lock = threading.Lock()
+
+
+def _read(repo: RemoteRepo, hub: HubReference) -> _Read:
+    sizes = repo.sizes
+    kind = repo_kind(sizes, hub.file)
+    if kind == "gguf":
+        name = pick_gguf(sizes, hub.file, str(hub))
+        files = gguf_parts(name, sizes)
+    elif kind == "checkpoint":
+        files = checkpoint_files(sizes)
+    elif kind == "diffusers":
+        files = []  # known once model_index.json names the components
+    else:
+        problem = (
+            f"{hub.repo_id} holds no model this service reads: no GGUF file, no config.json "
+            "beside safetensors weights, and no model_index.json"
+        )
+        return kind, None, problem, {}
+    try:
+        description, files = _describe(repo, kind, files)
+    except UnreadableModel as exc:
+        return kind, None, str(exc), {name: sizes[name] for name in files}
+    return kind, description, "", {name: sizes[name] for name in files}
+
+
+def _describe(
+    repo: RemoteRepo, kind: SourceKind, files: list[str]
+) -> tuple[ModelDescription, list[str]]:
+    """The description, and the files a download takes (a pipeline's are known only
+    once its model_index.json is read)."""
+    if kind == "gguf":
+        return _describe_gguf(repo, files), files
+    if kind == "checkpoint":
+        safetensors = sum(repo.sizes[name] for name in files if name.endswith(".safetensors"))
+        return checkpoint_description(_read_json(repo, "config.json"), safetensors), files
+    return _describe_pipeline(repo)
+
+
+def _describe_gguf(repo: RemoteRepo, parts: list[str]) -> ModelDescription:
+    with repo.open(parts[0]) as remote:
+        description = describe_gguf_from(remote, repo.sizes[parts[0]])
+    every_part = sum(repo.sizes[name] for name in parts)
+    return dataclasses.replace(description, weights_bytes=every_part)
+
+
+def _describe_pipeline(repo: RemoteRepo) -> tuple[ModelDescription, list[str]]:
+    index = _read_json(repo, "model_index.json")
+    components = [key for key, value in index.items() if isinstance(value, list)]
+    files = pipeline_files(repo.sizes, components)
+    weights = [name for name in files if name.endswith((".safetensors", ".bin"))]
+    dtype = None
+    first = next((name for name in weights if name.endswith(".safetensors")), None)
+    if first is not None:
+        with repo.open(first, block=_SAFETENSORS_BLOCK) as remote:
+            dtype = safetensors_dtype_from(remote)
+    total = sum(repo.sizes[name] for name in weights)
+    return pipeline_description(index, total, dtype or "float32"), files
+
+
+def _read_json(repo: RemoteRepo, name: str) -> dict[str, Any]:
+    """A config of the repo, parsed as a local one is (UnreadableModel when broken)."""
+    return json_object(repo.read_small(name, MAX_JSON_BYTES) or b"", name, repo.sizes[name])
+
+
+def _free_bytes(cache_dir: Path) -> int:
+    """Free bytes where the hub cache is, or would be created."""
+    path = os.path.abspath(cache_dir)
+    while not os.path.exists(path) and os.path.dirname(path) != path:
+        path = os.path.dirname(path)
+    try:
+        return shutil.disk_usage(path).free
+    except OSError:
+        return 0
