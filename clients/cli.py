@@ -4,6 +4,7 @@ inference-client generate [--chat] [--model M] [--max-tokens N] PROMPT
 inference-client generate --json PROMPT    # one JSON object per stream event
 inference-client image PROMPT --out FILE.png [--model M] [--width W] [--height H]
 inference-client admit MODEL [--image]      # can the server serve it, and how
+inference-client pull owner/name[:Q4_K_M]   # download it into the server's cache
 inference-client models
 inference-client health
 
@@ -18,10 +19,12 @@ import os
 import sys
 from collections.abc import Iterable, Sequence
 from pathlib import Path
+from typing import NoReturn
 
 import grpc
 from google.protobuf import json_format
 from grpc_health.v1 import health_pb2, health_pb2_grpc
+from tqdm import tqdm
 
 from inference.v1 import inference_pb2 as pb
 from inference.v1 import inference_pb2_grpc as pb_grpc
@@ -151,6 +154,56 @@ def admit(args: argparse.Namespace) -> int:
     return 0 if reply.admitted else 1
 
 
+def pull(args: argparse.Namespace) -> int:
+    """Download a hub model into the server's cache, with a progress bar on stderr."""
+    capability = pb.CAPABILITY_IMAGE if args.image else pb.CAPABILITY_TEXT
+    finished: pb.PullFinished | None = None
+    bar: tqdm[NoReturn] | None = None
+    with _channel(args) as channel:
+        stream = pb_grpc.InferenceStub(channel).Pull(
+            pb.PullRequest(model=args.model, capability=capability),
+            timeout=args.timeout,
+            metadata=_metadata(args),
+        )
+        try:
+            for event in stream:
+                kind = event.WhichOneof("event")
+                if kind == "started":
+                    bar = _pull_bar(args.model, event.started)
+                elif kind == "progress" and bar is not None:
+                    bar.update(event.progress.bytes_done - bar.n)
+                    bar.set_postfix_str(event.progress.file, refresh=False)
+                elif kind == "finished":
+                    finished = event.finished
+        finally:
+            if bar is not None:
+                bar.close()
+    if finished is None:
+        return 1
+    print(json_format.MessageToJson(finished))
+    return 0 if finished.admit.admitted else 1
+
+
+def _pull_bar(model: str, started: pb.PullStarted) -> tqdm[NoReturn]:
+    download = started.download
+    count = len(download.files)
+    print(
+        f"pulling {download.repo} at {download.commit[:12]}: "
+        f"{count} file{'s' if count != 1 else ''}",
+        file=sys.stderr,
+    )
+    return tqdm(
+        total=download.total_bytes,
+        initial=started.cached_bytes,
+        desc=model,
+        unit="B",
+        unit_scale=True,
+        unit_divisor=1024,
+        file=sys.stderr,
+        mininterval=0.2,
+    )
+
+
 def models(args: argparse.Namespace) -> int:
     with _channel(args) as channel:
         reply = pb_grpc.InferenceStub(channel).ListModels(
@@ -223,6 +276,13 @@ def build_parser() -> argparse.ArgumentParser:
     check_model.add_argument("model", help="a model name, a path under a models dir, or a hub repo")
     check_model.add_argument("--image", action="store_true", help="ask about image generation")
     check_model.set_defaults(run=admit)
+
+    fetch = commands.add_parser(
+        "pull", help="download a hub model into the server's cache (it needs --allow-pull)"
+    )
+    fetch.add_argument("model", help="owner/name, owner/name@rev, owner/name:FILE or :Q4_K_M")
+    fetch.add_argument("--image", action="store_true", help="an image pipeline")
+    fetch.set_defaults(run=pull)
 
     commands.add_parser("models", help="list the server's models").set_defaults(run=models)
 

@@ -192,6 +192,11 @@ class PoolSettings(BaseModel):
         description="Never contact the Hugging Face hub; use only what is in its cache "
         "(wins over everything else about the hub).",
     )
+    allow_pull: bool = Field(
+        default=False,
+        description="Let clients download hub models into the hub cache with the Pull RPC "
+        "(off: Pull is FAILED_PRECONDITION; --hf-offline wins).",
+    )
     hf_endpoint: str = Field(
         default_factory=lambda: hf_constants.ENDPOINT,
         description="The Hugging Face hub's address (default: HF_ENDPOINT, else "

@@ -23,6 +23,7 @@ from inference.v1 import inference_pb2 as pb
 from service.admission import Capability, Decision, decide
 from service.auth import BearerAuth
 from service.config import Settings, load_settings
+from service.hub.pull import Puller
 from service.hub.remote import HubAccess
 from service.images.external import CommandResolver
 from service.images.requests import ImageLimits
@@ -63,8 +64,7 @@ def build_pool(settings: Settings) -> ModelPool:
         crash_window=settings.engine_crash_window,
     )
 
-    token = settings.hf_token.get_secret_value() if settings.hf_token else None
-    hub = HubAccess(settings.hf_endpoint, token)
+    hub = _hub_access(settings)
 
     def admit(source: ModelSource, capability: Capability) -> Decision:
         return decide(
@@ -76,6 +76,23 @@ def build_pool(settings: Settings) -> ModelPool:
         )
 
     return ModelPool(Catalog(settings, resolver), admit, engine_starter(settings), limits)
+
+
+def _hub_access(settings: Settings) -> HubAccess:
+    token = settings.hf_token.get_secret_value() if settings.hf_token else None
+    return HubAccess(settings.hf_endpoint, token)
+
+
+def _puller(settings: Settings) -> Puller | None:
+    if settings.hf_offline or not settings.allow_pull:
+        return None
+    return Puller(_hub_access(settings), settings.hf_cache_dir)
+
+
+def _pull_refusal(settings: Settings) -> str:
+    if settings.hf_offline:
+        return "this server is offline (--hf-offline): it downloads nothing"
+    return "this server does not download models: start it with --allow-pull"
 
 
 class InferenceServer:
@@ -115,6 +132,8 @@ class InferenceServer:
             auth=BearerAuth(token.get_secret_value()) if token else None,
             generation_limits=GenerationLimits(max_top_logprobs=settings.max_top_logprobs),
             offload=self._offload,
+            puller=_puller(settings),
+            pull_refusal=_pull_refusal(settings),
         )
         add_inference_service(servicer, self._server)
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self._server)

@@ -11,12 +11,13 @@ from inference.v1 import inference_pb2_grpc as pb_grpc
 from service.admission import Capability, Decision
 from service.auth import BearerAuth
 from service.conversion import generation_request
-from service.errors import InvalidRequest
+from service.errors import InvalidRequest, NotSupported, Overloaded
+from service.hub.pull import Puller, PullState
 from service.images.requests import ImageDone, ImageLimits, ImageRequest
 from service.limits import RequestLimits
 from service.memory import MemoryNeed
 from service.metrics import Metrics
-from service.models.admit_report import AdmissionReport
+from service.models.admit_report import AdmissionReport, download_pb
 from service.models.catalog import ModelSpec
 from service.models.pool import LoadedModel, ModelPool, memory_need
 from service.models.sources import check_model_name
@@ -42,6 +43,8 @@ class InferenceServicer(pb_grpc.InferenceServicer):
         auth: BearerAuth | None = None,
         generation_limits: GenerationLimits | None = None,
         offload: Offload | None = None,
+        puller: Puller | None = None,
+        pull_refusal: str = "",
     ) -> None:
         self.metrics = metrics
         self.auth = auth
@@ -54,6 +57,9 @@ class InferenceServicer(pb_grpc.InferenceServicer):
         self._image_limits = image_limits
         self._default_image_model = default_image_model
         self.offload = offload or Offload()
+        # None when this server does not pull; `pull_refusal` then says why.
+        self._puller = puller
+        self._pull_refusal = pull_refusal
 
     @stream_rpc
     async def Generate(
@@ -113,11 +119,52 @@ class InferenceServicer(pb_grpc.InferenceServicer):
         else:
             # Resolving a reference looks at the disk and the hub cache.
             spec = await asyncio.to_thread(self._pool.catalog.resolve, request.model)
-            decision = await self._pool.admission(spec, capability)
-            need = memory_need(decision, spec)
-            report = self._report(decision, need, spec.name)
-        summary.update(admitted=report.admitted, backend=decision.backend)
+            report = await self._admission_report(spec, capability)
+        summary.update(admitted=report.admitted, backend=report.decision.backend)
         return report.to_pb()
+
+    @stream_rpc
+    async def Pull(
+        self, request: pb.PullRequest, summary: Summary
+    ) -> AsyncIterator[pb.PullResponse]:
+        check_model_name(request.model)
+        summary["model"] = request.model
+        capability = _capability(request.capability)
+        if self._puller is None:
+            raise NotSupported(self._pull_refusal)
+        spec = await asyncio.to_thread(self._pool.catalog.resolve, request.model)
+        source = await asyncio.to_thread(spec.locate)
+        if source.hub is None:
+            raise InvalidRequest(
+                f"{request.model!r} is not a Hugging Face hub model: nothing to pull"
+            )
+        transferred = 0
+        if not source.available_locally:
+            decision = await self._pool.admission(spec, capability)
+            download = decision.download
+            if not decision.admitted or download is None:
+                raise NotSupported(f"{request.model!r} is not pulled: {decision.reason}")
+            if not download.fits_on_disk:
+                raise Overloaded(
+                    f"{request.model!r} takes {download.total_bytes} bytes; the disk holding the "
+                    f"hub cache has {download.free_bytes} free"
+                )
+            started = False
+            async for state in self._puller.pull(source.hub, download):
+                if not started:
+                    started = True
+                    yield _pull_started(decision, state.cached)
+                yield _pull_progress(state)
+                transferred = state.transferred
+            # Resolved afresh: the reference now leads into the cache.
+            spec = await asyncio.to_thread(self._pool.catalog.resolve, request.model)
+        report = await self._admission_report(spec, capability)
+        summary.update(admitted=report.admitted, transferred=transferred)
+        yield pb.PullResponse(
+            finished=pb.PullFinished(
+                model=request.model, bytes_transferred=transferred, admit=report.to_pb()
+            )
+        )
 
     @stream_rpc
     async def GenerateImage(
@@ -136,6 +183,10 @@ class InferenceServicer(pb_grpc.InferenceServicer):
                     summary.update(height=event.image.height, total_ms=round(event.total_ms, 1))
                 yield event.to_pb()
 
+    async def _admission_report(self, spec: ModelSpec, capability: Capability) -> AdmissionReport:
+        decision = await self._pool.admission(spec, capability)
+        return self._report(decision, memory_need(decision, spec), spec.name)
+
     def _report(self, decision: Decision, need: MemoryNeed, name: str) -> AdmissionReport:
         pool = self._pool
         model = next((model for model in pool.loaded() if model.name == name), None)
@@ -151,6 +202,24 @@ class InferenceServicer(pb_grpc.InferenceServicer):
             loaded=loaded,
             measured=None if model is None else model.engine.memory(),
         )
+
+
+def _pull_started(decision: Decision, cached: int) -> pb.PullResponse:
+    assert decision.download is not None
+    started = pb.PullStarted(download=download_pb(decision.download), cached_bytes=cached)
+    return pb.PullResponse(started=started)
+
+
+def _pull_progress(state: PullState) -> pb.PullResponse:
+    progress = pb.PullProgress(
+        file=state.file,
+        file_bytes_done=state.file_done,
+        file_bytes_total=state.file_total,
+        bytes_done=state.done,
+        bytes_total=state.total,
+        bytes_per_second=state.rate,
+    )
+    return pb.PullResponse(progress=progress)
 
 
 def _capability(value: int) -> Capability:

@@ -23,6 +23,7 @@ import hashlib
 import json
 import re
 import threading
+import time
 from collections import Counter
 from dataclasses import dataclass, field
 from http import HTTPStatus
@@ -33,6 +34,8 @@ from urllib.parse import parse_qs, unquote, urlsplit
 
 # Files at least this large are served the way the hub serves LFS files.
 LFS_FROM = 1024
+# A throttled body goes out in slices this large.
+_SLICE = 1 << 20
 
 
 @dataclass
@@ -80,6 +83,8 @@ class FakeHub:
     requests: list[str] = field(default_factory=list)  # "METHOD path"
     lock: threading.Lock = field(default_factory=threading.Lock)
     url: str = ""
+    # Serve file bodies at this rate (None: as fast as the socket takes them).
+    bytes_per_second: float | None = None
     _server: ThreadingHTTPServer | None = None
 
     def start(self) -> FakeHub:
@@ -289,11 +294,18 @@ class _HubHandler(BaseHTTPRequestHandler):
         if status == HTTPStatus.PARTIAL_CONTENT:
             self.send_header("Content-Range", f"bytes {start}-{end - 1}/{len(data)}")
         self.end_headers()
-        if method == "GET":
+        if method != "GET":
+            return
+        rate = self.fake.bytes_per_second
+        step = len(body) if rate is None else _SLICE
+        for start in range(0, len(body), step):
+            piece = body[start : start + step]
             # Counted before it is written: the client may have read it all, and the
             # test asked, before this thread runs again.
-            self.fake.count(repo_id, path, len(body))
-            self.wfile.write(body)
+            self.fake.count(repo_id, path, len(piece))
+            self.wfile.write(piece)
+            if rate is not None:
+                time.sleep(len(piece) / rate)
 
     def _json(self, value: object, method: str) -> None:
         body = json.dumps(value).encode()

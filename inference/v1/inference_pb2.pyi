@@ -318,6 +318,58 @@ class HubFile(_message.Message):
     size_bytes: int
     def __init__(self, path: _Optional[str] = ..., size_bytes: _Optional[int] = ...) -> None: ...
 
+class PullRequest(_message.Message):
+    __slots__ = ("model", "capability")
+    MODEL_FIELD_NUMBER: _ClassVar[int]
+    CAPABILITY_FIELD_NUMBER: _ClassVar[int]
+    model: str
+    capability: Capability
+    def __init__(self, model: _Optional[str] = ..., capability: _Optional[_Union[Capability, str]] = ...) -> None: ...
+
+class PullResponse(_message.Message):
+    __slots__ = ("started", "progress", "finished")
+    STARTED_FIELD_NUMBER: _ClassVar[int]
+    PROGRESS_FIELD_NUMBER: _ClassVar[int]
+    FINISHED_FIELD_NUMBER: _ClassVar[int]
+    started: PullStarted
+    progress: PullProgress
+    finished: PullFinished
+    def __init__(self, started: _Optional[_Union[PullStarted, _Mapping]] = ..., progress: _Optional[_Union[PullProgress, _Mapping]] = ..., finished: _Optional[_Union[PullFinished, _Mapping]] = ...) -> None: ...
+
+class PullStarted(_message.Message):
+    __slots__ = ("download", "cached_bytes")
+    DOWNLOAD_FIELD_NUMBER: _ClassVar[int]
+    CACHED_BYTES_FIELD_NUMBER: _ClassVar[int]
+    download: HubDownload
+    cached_bytes: int
+    def __init__(self, download: _Optional[_Union[HubDownload, _Mapping]] = ..., cached_bytes: _Optional[int] = ...) -> None: ...
+
+class PullProgress(_message.Message):
+    __slots__ = ("file", "file_bytes_done", "file_bytes_total", "bytes_done", "bytes_total", "bytes_per_second")
+    FILE_FIELD_NUMBER: _ClassVar[int]
+    FILE_BYTES_DONE_FIELD_NUMBER: _ClassVar[int]
+    FILE_BYTES_TOTAL_FIELD_NUMBER: _ClassVar[int]
+    BYTES_DONE_FIELD_NUMBER: _ClassVar[int]
+    BYTES_TOTAL_FIELD_NUMBER: _ClassVar[int]
+    BYTES_PER_SECOND_FIELD_NUMBER: _ClassVar[int]
+    file: str
+    file_bytes_done: int
+    file_bytes_total: int
+    bytes_done: int
+    bytes_total: int
+    bytes_per_second: float
+    def __init__(self, file: _Optional[str] = ..., file_bytes_done: _Optional[int] = ..., file_bytes_total: _Optional[int] = ..., bytes_done: _Optional[int] = ..., bytes_total: _Optional[int] = ..., bytes_per_second: _Optional[float] = ...) -> None: ...
+
+class PullFinished(_message.Message):
+    __slots__ = ("model", "bytes_transferred", "admit")
+    MODEL_FIELD_NUMBER: _ClassVar[int]
+    BYTES_TRANSFERRED_FIELD_NUMBER: _ClassVar[int]
+    ADMIT_FIELD_NUMBER: _ClassVar[int]
+    model: str
+    bytes_transferred: int
+    admit: AdmitResponse
+    def __init__(self, model: _Optional[str] = ..., bytes_transferred: _Optional[int] = ..., admit: _Optional[_Union[AdmitResponse, _Mapping]] = ...) -> None: ...
+
 class GenerateImageRequest(_message.Message):
     __slots__ = ("model", "prompt", "negative_prompt", "width", "height", "steps", "guidance", "seed")
     MODEL_FIELD_NUMBER: _ClassVar[int]

@@ -55,6 +55,11 @@ class InferenceStub:
                 request_serializer=inference_dot_v1_dot_inference__pb2.ListModelsRequest.SerializeToString,
                 response_deserializer=inference_dot_v1_dot_inference__pb2.ListModelsResponse.FromString,
                 _registered_method=True)
+        self.Pull = channel.unary_stream(
+                '/inference.v1.Inference/Pull',
+                request_serializer=inference_dot_v1_dot_inference__pb2.PullRequest.SerializeToString,
+                response_deserializer=inference_dot_v1_dot_inference__pb2.PullResponse.FromString,
+                _registered_method=True)
 
 
 class InferenceServicer:
@@ -92,6 +97,17 @@ class InferenceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def Pull(self, request, context):
+        """Pull downloads a Hugging Face hub model into the server's hub cache, the
+        files its backend needs only: one PullStarted event, PullProgress events,
+        then one PullFinished event with the model's Admit answer. What Admit
+        refuses is refused (FAILED_PRECONDITION) before any weight byte moves.
+        Off unless the server runs with --allow-pull.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_InferenceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -114,6 +130,11 @@ def add_InferenceServicer_to_server(servicer, server):
                     servicer.ListModels,
                     request_deserializer=inference_dot_v1_dot_inference__pb2.ListModelsRequest.FromString,
                     response_serializer=inference_dot_v1_dot_inference__pb2.ListModelsResponse.SerializeToString,
+            ),
+            'Pull': grpc.unary_stream_rpc_method_handler(
+                    servicer.Pull,
+                    request_deserializer=inference_dot_v1_dot_inference__pb2.PullRequest.FromString,
+                    response_serializer=inference_dot_v1_dot_inference__pb2.PullResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -225,6 +246,33 @@ class Inference:
             '/inference.v1.Inference/ListModels',
             inference_dot_v1_dot_inference__pb2.ListModelsRequest.SerializeToString,
             inference_dot_v1_dot_inference__pb2.ListModelsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Pull(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_stream(
+            request,
+            target,
+            '/inference.v1.Inference/Pull',
+            inference_dot_v1_dot_inference__pb2.PullRequest.SerializeToString,
+            inference_dot_v1_dot_inference__pb2.PullResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -57,7 +57,7 @@ class AdmissionReport:
             memory.device_free_bytes = max(device_budget - self.used_device_bytes, 0)
         download = self.decision.download
         return pb.AdmitResponse(
-            download=_download_pb(download) if download is not None else None,
+            download=download_pb(download) if download is not None else None,
             admitted=self.admitted,
             reason=self.reason,
             backend=self.decision.backend,
@@ -69,7 +69,7 @@ class AdmissionReport:
         )
 
 
-def _download_pb(download: Download) -> pb.HubDownload:
+def download_pb(download: Download) -> pb.HubDownload:
     return pb.HubDownload(
         repo=download.repo_id,
         commit=download.commit,

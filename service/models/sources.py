@@ -120,10 +120,13 @@ class SourceResolver:
         except HFValidationError:
             raise InvalidRequest(f"{excerpt(label)} is not a valid Hugging Face repo id") from None
         found = _find_absolute(root, os.path.abspath(str(snapshot)), label)
-        if found is None or not found.is_dir:
-            return ModelSource("unknown", None, hub)
+        if found is None or not found.is_dir or not _holds_a_model(found.path):
+            return ModelSource("unknown", None, hub)  # not there, or a pull has not finished
         if hub.file is not None:
-            return ModelSource("gguf", _pick_gguf(root, found.path, hub.file, label), hub)
+            try:
+                return ModelSource("gguf", _pick_gguf(root, found.path, hub.file, label), hub)
+            except ModelNotFound:  # that file is not (yet) in the snapshot
+                return ModelSource("unknown", None, hub)
         return replace(_directory(root, found.path, label), hub=hub)
 
     def _untrusted(self, reference: str) -> ModelSource:
@@ -305,6 +308,19 @@ def _only_gguf(root: _Root, directory: str, entries: list[tuple[str, Found]], la
             f"({_some(names)})"
         )
     return _gguf_inside(root, directory, names[0], label)
+
+
+def _holds_a_model(snapshot: str) -> bool:
+    """Whether a cached snapshot has what makes it a model. A pull fetches a
+    checkpoint's config.json and a pipeline's model_index.json last, so a snapshot
+    still being filled (or left by a cancelled pull) holds neither."""
+    try:
+        names = os.listdir(snapshot)
+    except OSError:
+        return False
+    return any(
+        name.endswith(".gguf") or name in ("config.json", "model_index.json") for name in names
+    )
 
 
 def _pick_gguf(root: _Root, directory: str, file: str, label: str) -> Path:

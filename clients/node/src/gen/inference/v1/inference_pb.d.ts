@@ -962,6 +962,170 @@ export declare type HubFile = Message<"inference.v1.HubFile"> & {
 export declare const HubFileSchema: GenMessage<HubFile>;
 
 /**
+ * @generated from message inference.v1.PullRequest
+ */
+export declare type PullRequest = Message<"inference.v1.PullRequest"> & {
+  /**
+   * A hub reference: owner/name, owner/name@revision, owner/name:FILE.gguf,
+   * owner/name:Q4_K_M; or a configured model name whose source is one.
+   *
+   * @generated from field: string model = 1;
+   */
+  model: string;
+
+  /**
+   * What the model is for, as in AdmitRequest (unset: text).
+   *
+   * @generated from field: inference.v1.Capability capability = 2;
+   */
+  capability: Capability;
+};
+
+/**
+ * Describes the message inference.v1.PullRequest.
+ * Use `create(PullRequestSchema)` to create a new message.
+ */
+export declare const PullRequestSchema: GenMessage<PullRequest>;
+
+/**
+ * @generated from message inference.v1.PullResponse
+ */
+export declare type PullResponse = Message<"inference.v1.PullResponse"> & {
+  /**
+   * @generated from oneof inference.v1.PullResponse.event
+   */
+  event: {
+    /**
+     * @generated from field: inference.v1.PullStarted started = 1;
+     */
+    value: PullStarted;
+    case: "started";
+  } | {
+    /**
+     * @generated from field: inference.v1.PullProgress progress = 2;
+     */
+    value: PullProgress;
+    case: "progress";
+  } | {
+    /**
+     * @generated from field: inference.v1.PullFinished finished = 3;
+     */
+    value: PullFinished;
+    case: "finished";
+  } | { case: undefined; value?: undefined };
+};
+
+/**
+ * Describes the message inference.v1.PullResponse.
+ * Use `create(PullResponseSchema)` to create a new message.
+ */
+export declare const PullResponseSchema: GenMessage<PullResponse>;
+
+/**
+ * @generated from message inference.v1.PullStarted
+ */
+export declare type PullStarted = Message<"inference.v1.PullStarted"> & {
+  /**
+   * The files to fetch, their bytes, the commit, and the disk's room.
+   *
+   * @generated from field: inference.v1.HubDownload download = 1;
+   */
+  download?: HubDownload | undefined;
+
+  /**
+   * Bytes of those files already in the cache (a pull resumed or repeated).
+   *
+   * @generated from field: uint64 cached_bytes = 2;
+   */
+  cachedBytes: bigint;
+};
+
+/**
+ * Describes the message inference.v1.PullStarted.
+ * Use `create(PullStartedSchema)` to create a new message.
+ */
+export declare const PullStartedSchema: GenMessage<PullStarted>;
+
+/**
+ * @generated from message inference.v1.PullProgress
+ */
+export declare type PullProgress = Message<"inference.v1.PullProgress"> & {
+  /**
+   * The file being fetched, and its bytes so far of its size.
+   *
+   * @generated from field: string file = 1;
+   */
+  file: string;
+
+  /**
+   * @generated from field: uint64 file_bytes_done = 2;
+   */
+  fileBytesDone: bigint;
+
+  /**
+   * @generated from field: uint64 file_bytes_total = 3;
+   */
+  fileBytesTotal: bigint;
+
+  /**
+   * All files: bytes in the cache so far of the download's total.
+   *
+   * @generated from field: uint64 bytes_done = 4;
+   */
+  bytesDone: bigint;
+
+  /**
+   * @generated from field: uint64 bytes_total = 5;
+   */
+  bytesTotal: bigint;
+
+  /**
+   * Over the transfer so far.
+   *
+   * @generated from field: double bytes_per_second = 6;
+   */
+  bytesPerSecond: number;
+};
+
+/**
+ * Describes the message inference.v1.PullProgress.
+ * Use `create(PullProgressSchema)` to create a new message.
+ */
+export declare const PullProgressSchema: GenMessage<PullProgress>;
+
+/**
+ * @generated from message inference.v1.PullFinished
+ */
+export declare type PullFinished = Message<"inference.v1.PullFinished"> & {
+  /**
+   * The reference to use now (the request's): it resolves to the cached copy.
+   *
+   * @generated from field: string model = 1;
+   */
+  model: string;
+
+  /**
+   * Bytes that crossed the network in this pull.
+   *
+   * @generated from field: uint64 bytes_transferred = 2;
+   */
+  bytesTransferred: bigint;
+
+  /**
+   * Admit's answer for the model, now on local disk.
+   *
+   * @generated from field: inference.v1.AdmitResponse admit = 3;
+   */
+  admit?: AdmitResponse | undefined;
+};
+
+/**
+ * Describes the message inference.v1.PullFinished.
+ * Use `create(PullFinishedSchema)` to create a new message.
+ */
+export declare const PullFinishedSchema: GenMessage<PullFinished>;
+
+/**
  * @generated from message inference.v1.GenerateImageRequest
  */
 export declare type GenerateImageRequest = Message<"inference.v1.GenerateImageRequest"> & {
@@ -1474,6 +1638,20 @@ export declare const Inference: GenService<{
     methodKind: "unary";
     input: typeof ListModelsRequestSchema;
     output: typeof ListModelsResponseSchema;
+  },
+  /**
+   * Pull downloads a Hugging Face hub model into the server's hub cache, the
+   * files its backend needs only: one PullStarted event, PullProgress events,
+   * then one PullFinished event with the model's Admit answer. What Admit
+   * refuses is refused (FAILED_PRECONDITION) before any weight byte moves.
+   * Off unless the server runs with --allow-pull.
+   *
+   * @generated from rpc inference.v1.Inference.Pull
+   */
+  pull: {
+    methodKind: "server_streaming";
+    input: typeof PullRequestSchema;
+    output: typeof PullResponseSchema;
   },
 }>;
 
