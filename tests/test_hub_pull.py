@@ -7,6 +7,8 @@ body byte counted), through huggingface_hub's own download code.
 from __future__ import annotations
 
 import json
+import shutil
+import subprocess
 import threading
 import time
 from collections.abc import Iterator
@@ -191,3 +193,25 @@ def test_the_client_pulls_with_a_progress_bar(
     assert json.loads(out)["bytesTransferred"] == str(SIZE)
     assert "pulling acme/smol-gguf at" in err
     assert "100%" in err  # tqdm's bar, finished
+
+
+NODE = shutil.which("node")
+NODE_CLIENT = Path(__file__).resolve().parent.parent / "clients" / "node"
+
+
+@pytest.mark.skipif(NODE is None, reason="Node.js is not installed")
+def test_the_node_client_pulls_with_a_progress_bar(hub: FakeHub, tmp_path: Path) -> None:
+    assert NODE is not None
+    if not (NODE_CLIENT / "node_modules").exists():
+        pytest.fail("the Node.js client's npm packages are missing: run `make install`")
+    with serving(pull_settings(hub, tmp_path)) as (running, _):  # type: ignore[arg-type]
+        command = [NODE, str(NODE_CLIENT / "src" / "cli.mjs"), "pull", "acme/smol-gguf"]
+        done = subprocess.run(
+            [*command, "--target", running.target], capture_output=True, text=True, timeout=120
+        )
+    assert done.returncode == 0, done.stderr
+    finished = json.loads(done.stdout)
+    assert finished["bytesTransferred"] == str(SIZE)
+    assert finished["admit"]["availableLocally"]
+    assert "pulling acme/smol-gguf at" in done.stderr
+    assert f"100% | {SIZE}/{SIZE} bytes" in done.stderr  # cli-progress's bar, finished

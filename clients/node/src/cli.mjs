@@ -2,6 +2,9 @@
 //
 //   node src/cli.mjs generate [options] PROMPT   stream a completion
 //   node src/cli.mjs models [options]            list the models, as JSON
+//   node src/cli.mjs pull [--image] MODEL        download a hub model into the server's
+//                                                cache (it needs --allow-pull): a progress
+//                                                bar on stderr, the finished event as JSON
 //
 // Options: --target HOST:PORT, --model M, --max-tokens N, --temperature T, --chat,
 // --token TOKEN (a bearer token), --ca FILE (TLS: the CA that signed the server's
@@ -13,15 +16,19 @@
 import { readFileSync } from "node:fs";
 import { parseArgs } from "node:util";
 import { create, toJson } from "@bufbuild/protobuf";
+import cliProgress from "cli-progress";
 import { Code, ConnectError, createClient } from "@connectrpc/connect";
 import { createGrpcTransport } from "@connectrpc/connect-node";
 import {
+  Capability,
   ChatMessageSchema,
   GenerateRequestSchema,
   GenerationFinishedSchema,
   Inference,
   ListModelsRequestSchema,
   ListModelsResponseSchema,
+  PullFinishedSchema,
+  PullRequestSchema,
 } from "./gen/inference/v1/inference_pb.js";
 
 const { values, positionals } = parseArgs({
@@ -33,6 +40,7 @@ const { values, positionals } = parseArgs({
     "max-tokens": { type: "string" },
     temperature: { type: "string" },
     chat: { type: "boolean", default: false },
+    image: { type: "boolean", default: false },
     token: { type: "string" },
     ca: { type: "string" },
     cert: { type: "string" },
@@ -91,7 +99,55 @@ async function models(client) {
   console.log(JSON.stringify(toJson(ListModelsResponseSchema, reply)));
 }
 
-const commands = { generate, models };
+async function pull(client) {
+  const model = values.model || words.join(" ");
+  const capability = values.image ? Capability.IMAGE : Capability.TEXT;
+  const request = create(PullRequestSchema, { model, capability });
+  let bar;
+  let finished;
+  try {
+    for await (const response of client.pull(request, callOptions())) {
+      const event = response.event;
+      if (event.case === "started") bar = pullBar(model, event.value);
+      if (event.case === "progress" && bar !== undefined) {
+        const progress = event.value;
+        bar.update(Number(progress.bytesDone), {
+          file: progress.file,
+          rate: megabytes(progress.bytesPerSecond),
+        });
+      }
+      if (event.case === "finished") finished = event.value;
+    }
+  } finally {
+    bar?.stop();
+  }
+  console.log(JSON.stringify(toJson(PullFinishedSchema, finished)));
+  if (!finished.admit?.admitted) process.exitCode = 1;
+}
+
+function pullBar(model, started) {
+  const download = started.download;
+  const count = download.files.length;
+  console.error(`pulling ${download.repo} at ${download.commit.slice(0, 12)}: ${count} file${count === 1 ? "" : "s"}`);
+  const bar = new cliProgress.SingleBar(
+    {
+      format: `${model} |{bar}| {percentage}% | {value}/{total} bytes | {rate} MB/s | {file}`,
+      stream: process.stderr,
+      // Drawn when stderr is not a terminal too (a log, a CI job), every 2 s.
+      noTTYOutput: true,
+      hideCursor: true,
+    },
+    cliProgress.Presets.shades_classic,
+  );
+  bar.start(Number(download.totalBytes), Number(started.cachedBytes), { file: "", rate: "0.0" });
+  return bar;
+}
+
+function megabytes(bytesPerSecond) {
+  return (bytesPerSecond / 1e6).toFixed(1);
+}
+
+const commands = { generate, models, pull };
 if (!(command in commands)) {
   console.error(`unknown command ${command}; use one of: ${Object.keys(commands).join(", ")}`);
   process.exit(64);
