@@ -197,6 +197,11 @@ class PoolSettings(BaseModel):
         description="Let clients download hub models into the hub cache with the Pull RPC "
         "(off: Pull is FAILED_PRECONDITION; --hf-offline wins).",
     )
+    pull_on_demand: bool = Field(
+        default=False,
+        description="With --allow-pull: Generate on a hub model that is not downloaded pulls "
+        "it first (its time to first token then includes the download).",
+    )
     hf_endpoint: str = Field(
         default_factory=lambda: hf_constants.ENDPOINT,
         description="The Hugging Face hub's address (default: HF_ENDPOINT, else "
@@ -406,6 +411,12 @@ class Settings(
             raise ValueError("tls_cert and tls_key go together")
         if self.tls_client_ca is not None and self.tls_cert is None:
             raise ValueError("tls_client_ca needs tls_cert and tls_key")
+        return self
+
+    @model_validator(mode="after")
+    def _check_pull_on_demand(self) -> Settings:
+        if self.pull_on_demand and not self.allow_pull:
+            raise ValueError("pull_on_demand needs allow_pull: it pulls, on a client's request")
         return self
 
     @field_validator("models_dir", mode="before")

@@ -41,6 +41,7 @@ from service.overload import ConcurrencyGate
 from service.registration import add_inference_service
 from service.servicer import InferenceServicer
 from service.serving.images import ImageGenerator
+from service.serving.pulls import Pulls
 from service.serving.text import TextGenerator
 from service.text.requests import GenerationLimits
 from service.transport import server_credentials, server_options
@@ -132,8 +133,12 @@ class InferenceServer:
             auth=BearerAuth(token.get_secret_value()) if token else None,
             generation_limits=GenerationLimits(max_top_logprobs=settings.max_top_logprobs),
             offload=self._offload,
-            puller=_puller(settings),
-            pull_refusal=_pull_refusal(settings),
+            pulls=Pulls(
+                self.pool,
+                _puller(settings),
+                _pull_refusal(settings),
+                on_demand=settings.pull_on_demand,
+            ),
         )
         add_inference_service(servicer, self._server)
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self._server)

@@ -11,8 +11,8 @@ from inference.v1 import inference_pb2_grpc as pb_grpc
 from service.admission import Capability, Decision
 from service.auth import BearerAuth
 from service.conversion import generation_request
-from service.errors import InvalidRequest, NotSupported, Overloaded
-from service.hub.pull import Puller, PullState
+from service.errors import InvalidRequest
+from service.hub.pull import PullState
 from service.images.requests import ImageDone, ImageLimits, ImageRequest
 from service.limits import RequestLimits
 from service.memory import MemoryNeed
@@ -25,6 +25,7 @@ from service.offload import Offload
 from service.overload import ConcurrencyGate
 from service.rpc import Summary, stream_rpc, unary_rpc
 from service.serving.images import ImageGenerator
+from service.serving.pulls import Pulls
 from service.serving.text import TextGenerator
 from service.text.requests import FinishReason, GenerationLimits
 
@@ -43,8 +44,7 @@ class InferenceServicer(pb_grpc.InferenceServicer):
         auth: BearerAuth | None = None,
         generation_limits: GenerationLimits | None = None,
         offload: Offload | None = None,
-        puller: Puller | None = None,
-        pull_refusal: str = "",
+        pulls: Pulls | None = None,
     ) -> None:
         self.metrics = metrics
         self.auth = auth
@@ -57,9 +57,7 @@ class InferenceServicer(pb_grpc.InferenceServicer):
         self._image_limits = image_limits
         self._default_image_model = default_image_model
         self.offload = offload or Offload()
-        # None when this server does not pull; `pull_refusal` then says why.
-        self._puller = puller
-        self._pull_refusal = pull_refusal
+        self._pulls = pulls or Pulls(pool, None, "this server does not download models")
 
     @stream_rpc
     async def Generate(
@@ -72,10 +70,15 @@ class InferenceServicer(pb_grpc.InferenceServicer):
         self._request_limits.check(request)
         generation = await self.offload.run(generation_request, request, self._generation_limits)
         summary["model"] = generation.model or self._pool.catalog.default_model
+        # Before a slot is taken: a download holds no model's place.
+        pulled = await self._pulls.before_generate(summary["model"])
         async with self._gate.slot():
             async for response in self._text.generate(generation, received_at=received_at):
                 kind = response.WhichOneof("event")
                 if kind == "started":
+                    if pulled is not None:
+                        response.started.pull_ms = round(pulled.milliseconds)
+                        response.started.pulled_bytes = pulled.transferred
                     _summarize_start(response.started, summary)
                 elif kind == "finished":
                     _summarize_end(response.finished, summary)
@@ -130,34 +133,16 @@ class InferenceServicer(pb_grpc.InferenceServicer):
         check_model_name(request.model)
         summary["model"] = request.model
         capability = _capability(request.capability)
-        if self._puller is None:
-            raise NotSupported(self._pull_refusal)
-        spec = await asyncio.to_thread(self._pool.catalog.resolve, request.model)
-        source = await asyncio.to_thread(spec.locate)
-        if source.hub is None:
-            raise InvalidRequest(
-                f"{request.model!r} is not a Hugging Face hub model: nothing to pull"
-            )
+        started = False
         transferred = 0
-        if not source.available_locally:
-            decision = await self._pool.admission(spec, capability)
-            download = decision.download
-            if not decision.admitted or download is None:
-                raise NotSupported(f"{request.model!r} is not pulled: {decision.reason}")
-            if not download.fits_on_disk:
-                raise Overloaded(
-                    f"{request.model!r} takes {download.total_bytes} bytes; the disk holding the "
-                    f"hub cache has {download.free_bytes} free"
-                )
-            started = False
-            async for state in self._puller.pull(source.hub, download):
-                if not started:
-                    started = True
-                    yield _pull_started(decision, state.cached)
-                yield _pull_progress(state)
-                transferred = state.transferred
-            # Resolved afresh: the reference now leads into the cache.
-            spec = await asyncio.to_thread(self._pool.catalog.resolve, request.model)
+        async for step in self._pulls.transfer(request.model, capability):
+            if not started:
+                started = True
+                yield _pull_started(step.decision, step.state.cached)
+            yield _pull_progress(step.state)
+            transferred = step.state.transferred
+        # Resolved afresh: the reference now leads into the cache.
+        spec = await asyncio.to_thread(self._pool.catalog.resolve, request.model)
         report = await self._admission_report(spec, capability)
         summary.update(admitted=report.admitted, transferred=transferred)
         yield pb.PullResponse(

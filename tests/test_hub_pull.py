@@ -215,3 +215,18 @@ def test_the_node_client_pulls_with_a_progress_bar(hub: FakeHub, tmp_path: Path)
     assert finished["admit"]["availableLocally"]
     assert "pulling acme/smol-gguf at" in done.stderr
     assert f"100% | {SIZE}/{SIZE} bytes" in done.stderr  # cli-progress's bar, finished
+
+
+def test_pull_on_demand_makes_generate_pull_first(hub: FakeHub, tmp_path: Path) -> None:
+    settings = pull_settings(hub, tmp_path, pull_on_demand=True)
+    with serving(settings) as (_, stub):  # type: ignore[arg-type]
+        request = pb.GenerateRequest(model="acme/smol-gguf", prompt="Hi", max_tokens=2)
+        first = collect(stub.Generate(request))
+        started = first[0].started
+        assert started.pulled_bytes == SIZE
+        assert 0 < started.pull_ms <= finished_of(first).timing.ttft_ms
+        assert finished_of(first).usage.completion_tokens == 2
+        again = collect(stub.Generate(request))[0].started
+        assert (again.pull_ms, again.pulled_bytes) == (0, 0)
+    with pytest.raises(ValueError, match="needs allow_pull"):
+        make_settings(allow_pull=False, pull_on_demand=True)

@@ -135,16 +135,20 @@ class GenerateResponse(_message.Message):
     def __init__(self, started: _Optional[_Union[GenerationStarted, _Mapping]] = ..., delta: _Optional[_Union[TextDelta, _Mapping]] = ..., finished: _Optional[_Union[GenerationFinished, _Mapping]] = ...) -> None: ...
 
 class GenerationStarted(_message.Message):
-    __slots__ = ("model", "backend", "prompt_tokens", "context_length")
+    __slots__ = ("model", "backend", "prompt_tokens", "context_length", "pull_ms", "pulled_bytes")
     MODEL_FIELD_NUMBER: _ClassVar[int]
     BACKEND_FIELD_NUMBER: _ClassVar[int]
     PROMPT_TOKENS_FIELD_NUMBER: _ClassVar[int]
     CONTEXT_LENGTH_FIELD_NUMBER: _ClassVar[int]
+    PULL_MS_FIELD_NUMBER: _ClassVar[int]
+    PULLED_BYTES_FIELD_NUMBER: _ClassVar[int]
     model: str
     backend: str
     prompt_tokens: int
     context_length: int
-    def __init__(self, model: _Optional[str] = ..., backend: _Optional[str] = ..., prompt_tokens: _Optional[int] = ..., context_length: _Optional[int] = ...) -> None: ...
+    pull_ms: int
+    pulled_bytes: int
+    def __init__(self, model: _Optional[str] = ..., backend: _Optional[str] = ..., prompt_tokens: _Optional[int] = ..., context_length: _Optional[int] = ..., pull_ms: _Optional[int] = ..., pulled_bytes: _Optional[int] = ...) -> None: ...
 
 class TextDelta(_message.Message):
     __slots__ = ("text", "token_ids", "logprobs")

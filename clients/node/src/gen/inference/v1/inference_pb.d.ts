@@ -382,6 +382,20 @@ export declare type GenerationStarted = Message<"inference.v1.GenerationStarted"
    * @generated from field: uint32 context_length = 4;
    */
   contextLength: number;
+
+  /**
+   * With --pull-on-demand, for a hub model that was not downloaded: the time
+   * this request spent pulling it (part of its time to first token), and the
+   * bytes that crossed the network. 0 otherwise.
+   *
+   * @generated from field: uint64 pull_ms = 5;
+   */
+  pullMs: bigint;
+
+  /**
+   * @generated from field: uint64 pulled_bytes = 6;
+   */
+  pulledBytes: bigint;
 };
 
 /**
