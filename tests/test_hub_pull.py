@@ -23,6 +23,7 @@ from inference.v1 import inference_pb2_grpc as pb_grpc
 from service.models.embedded import EMBEDDED_MODELS
 from tests.conftest import SMOLLM, collect, finished_of, make_settings, serving
 from tests.fake_hub import FakeHub, FakeRepo
+from tests.mlx_checkpoint import build_tiny_checkpoint
 
 SMOLLM_FILE = EMBEDDED_MODELS[SMOLLM].locate()
 SMOLLM_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -230,3 +231,25 @@ def test_pull_on_demand_makes_generate_pull_first(hub: FakeHub, tmp_path: Path) 
         assert (again.pull_ms, again.pulled_bytes) == (0, 0)
     with pytest.raises(ValueError, match="needs allow_pull"):
         make_settings(allow_pull=False, pull_on_demand=True)
+
+
+def test_a_pulled_mlx_checkpoint_serves(tmp_path: Path) -> None:
+    """The files chosen for a checkpoint are all mlx-lm needs: a real tiny one, pulled
+    into an empty cache, then generating."""
+    checkpoint = build_tiny_checkpoint(tmp_path / "tiny")
+    files = {path.name: path for path in checkpoint.iterdir() if path.is_file()}
+    files["README.md"] = b"# not needed"
+    fake = FakeHub(repos={"acme/tiny-mlx": FakeRepo(files)}).start()
+    try:
+        with serving(pull_settings(fake, tmp_path / "cache")) as (_, stub):  # type: ignore[arg-type]
+            events = pull(stub, "acme/tiny-mlx")
+            finished = events[-1].finished
+            assert finished.admit.admitted, finished.admit.reason
+            assert finished.admit.backend == "mlx-lm"
+            fetched = {f.path for f in events[0].started.download.files}
+            assert "README.md" not in fetched
+            assert {"config.json", "model.safetensors"} <= fetched
+            request = pb.GenerateRequest(model="acme/tiny-mlx", prompt="hello", max_tokens=3)
+            assert finished_of(collect(stub.Generate(request))).usage.completion_tokens > 0
+    finally:
+        fake.stop()
