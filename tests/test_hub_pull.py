@@ -237,7 +237,7 @@ def test_a_pulled_mlx_checkpoint_serves(tmp_path: Path) -> None:
     """The files chosen for a checkpoint are all mlx-lm needs: a real tiny one, pulled
     into an empty cache, then generating."""
     checkpoint = build_tiny_checkpoint(tmp_path / "tiny")
-    files = {path.name: path for path in checkpoint.iterdir() if path.is_file()}
+    files: dict[str, bytes | Path] = {p.name: p for p in checkpoint.iterdir() if p.is_file()}
     files["README.md"] = b"# not needed"
     fake = FakeHub(repos={"acme/tiny-mlx": FakeRepo(files)}).start()
     try:
