@@ -24,6 +24,7 @@ from service.models.embedded import EMBEDDED_MODELS
 from tests.conftest import SMOLLM, collect, finished_of, make_settings, serving
 from tests.fake_hub import FakeHub, FakeRepo
 from tests.mlx_checkpoint import build_tiny_checkpoint
+from tests.tiny_pipeline import build_tiny_sd_pipeline
 
 SMOLLM_FILE = EMBEDDED_MODELS[SMOLLM].locate()
 SMOLLM_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -251,5 +252,35 @@ def test_a_pulled_mlx_checkpoint_serves(tmp_path: Path) -> None:
             assert {"config.json", "model.safetensors"} <= fetched
             request = pb.GenerateRequest(model="acme/tiny-mlx", prompt="hello", max_tokens=3)
             assert finished_of(collect(stub.Generate(request))).usage.completion_tokens > 0
+    finally:
+        fake.stop()
+
+
+def test_a_pulled_diffusers_pipeline_renders(tmp_path: Path) -> None:
+    """A real tiny Stable Diffusion pipeline: its component folders are pulled (the
+    ones model_index.json names), and GenerateImage renders from the cache."""
+    pipeline = build_tiny_sd_pipeline(tmp_path / "tiny-sd")
+    files: dict[str, bytes | Path] = {
+        p.relative_to(pipeline).as_posix(): p for p in pipeline.rglob("*") if p.is_file()
+    }
+    files["samples/preview.bin"] = b"\0" * 64  # in no component: left behind
+    fake = FakeHub(repos={"acme/tiny-sd": FakeRepo(files)}).start()
+    try:
+        with serving(pull_settings(fake, tmp_path / "cache")) as (_, stub):  # type: ignore[arg-type]
+            request = pb.PullRequest(model="acme/tiny-sd", capability=pb.CAPABILITY_IMAGE)
+            events = list(stub.Pull(request))
+            finished = events[-1].finished
+            assert finished.admit.admitted, finished.admit.reason
+            assert finished.admit.backend == "diffusers"
+            fetched = {f.path for f in events[0].started.download.files}
+            assert fetched == set(files) - {"samples/preview.bin"}
+            image = list(
+                stub.GenerateImage(
+                    pb.GenerateImageRequest(
+                        model="acme/tiny-sd", prompt="a red apple", width=64, height=32, steps=2
+                    )
+                )
+            )[-1].image
+            assert (image.width, image.height) == (64, 32)
     finally:
         fake.stop()
