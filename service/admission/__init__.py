@@ -31,7 +31,8 @@ from service.admission.gates import (
     llama_cpp_refusal,
     mlx_lm_refusal,
 )
-from service.admission.hub import Download, read_remote
+from service.admission.hub import read_remote
+from service.hub.download import Download
 from service.hub.remote import HubAccess
 from service.memory import MemoryNeed, offloaded_share
 from service.model_source import HubReference, ModelSource

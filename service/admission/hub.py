@@ -29,6 +29,7 @@ from service.admission.describe import (
     pipeline_description,
     safetensors_dtype_from,
 )
+from service.hub.download import Download
 from service.hub.files import (
     checkpoint_files,
     gguf_parts,
@@ -42,24 +43,6 @@ from service.model_source import HubReference, SourceKind
 # Reads of a safetensors header fetch this much at a time (its JSON is often a few KB).
 _SAFETENSORS_BLOCK = 64 << 10
 _REMEMBERED = 64
-
-
-@dataclass(frozen=True)
-class Download:
-    """What fetching a hub model would move, and whether the disk has room."""
-
-    repo_id: str
-    commit: str
-    files: dict[str, int]  # the files the backend needs, and their bytes
-    free_bytes: int  # on the file system holding the hub cache
-
-    @property
-    def total_bytes(self) -> int:
-        return sum(self.files.values())
-
-    @property
-    def fits_on_disk(self) -> bool:
-        return self.total_bytes <= self.free_bytes
 
 
 @dataclass(frozen=True)

@@ -25,8 +25,8 @@ from typing import Any
 
 from huggingface_hub import hf_hub_download, try_to_load_from_cache
 
-from service.admission.hub import Download
 from service.errors import Unavailable, excerpt
+from service.hub.download import Download
 from service.hub.remote import HubAccess, hub_errors
 from service.model_source import HubReference
 

@@ -6,8 +6,8 @@ from dataclasses import dataclass
 
 from inference.v1 import inference_pb2 as pb
 from service.admission import Decision
-from service.admission.hub import Download
 from service.engine.base import MeasuredMemory
+from service.hub.download import Download
 from service.memory import MemoryNeed
 from service.models.pool import Plan, PoolLimits, too_big
 
