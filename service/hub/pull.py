@@ -18,7 +18,7 @@ from __future__ import annotations
 import asyncio
 import threading
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -65,10 +65,12 @@ class Puller:
         The last state is `finished`; a failed transfer raises its error."""
         key = (download.repo_id, download.commit, tuple(download.files))
         transfer = self._transfers.get(key)
-        if transfer is None:
+        # One whose callers all left is stopping: its next chunk raises. Start afresh
+        # (huggingface_hub's lock on the file makes this one wait for it to let go).
+        if transfer is None or transfer.cancel.is_set():
             transfer = _Transfer(hub, download, self._access, self._cache_dir)
             self._transfers[key] = transfer
-            transfer.start(lambda: self._transfers.pop(key, None))
+            transfer.start(lambda: self._forget(key, transfer))
         transfer.followers += 1
         try:
             async for state in transfer.states():
@@ -79,6 +81,10 @@ class Puller:
             transfer.followers -= 1
             if transfer.followers == 0:
                 transfer.cancel.set()
+
+    def _forget(self, key: tuple[str, str, tuple[str, ...]], transfer: _Transfer) -> None:
+        if self._transfers.get(key) is transfer:  # not a newer one under the same key
+            del self._transfers[key]
 
 
 class _Transfer:
@@ -97,7 +103,7 @@ class _Transfer:
         self._started = time.monotonic()
         self._published = 0.0
 
-    def start(self, on_end: Any) -> None:
+    def start(self, on_end: Callable[[], None]) -> None:
         async def run() -> None:
             try:
                 await asyncio.to_thread(self._run)
