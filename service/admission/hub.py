@@ -31,6 +31,7 @@ from service.admission.describe import (
 )
 from service.hub.download import Download
 from service.hub.files import (
+    PIPELINE_WEIGHTS,
     checkpoint_files,
     gguf_parts,
     pick_gguf,
@@ -123,7 +124,7 @@ def _describe_pipeline(repo: RemoteRepo) -> tuple[ModelDescription, list[str]]:
     index = _read_json(repo, "model_index.json")
     components = [key for key, value in index.items() if isinstance(value, list)]
     files = pipeline_files(repo.sizes, components)
-    weights = [name for name in files if name.endswith((".safetensors", ".bin"))]
+    weights = [name for name in files if name.endswith(PIPELINE_WEIGHTS)]
     dtype = None
     first = next((name for name in weights if name.endswith(".safetensors")), None)
     if first is not None:

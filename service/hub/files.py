@@ -10,12 +10,13 @@ from service.errors import InvalidRequest, ModelNotFound, excerpt
 from service.model_source import SourceKind
 
 # llama.cpp opens the other parts of a split GGUF by this pattern, beside the first.
-_SPLIT_GGUF = re.compile(r"^(?P<prefix>.+)-\d{5}-of-(?P<count>\d{5})\.gguf$")
+SPLIT_GGUF = re.compile(r"^(?P<prefix>.+)-\d{5}-of-(?P<count>\d{5})\.gguf$")
 # Beside its safetensors, what mlx-lm (and transformers' tokenizers) read from a checkpoint.
 _CHECKPOINT_SIDE_FILES = re.compile(r"^[^/]+\.(json|model|tiktoken|txt|jinja)$")
 # Weight formats a diffusers component may hold; safetensors wins where both exist.
-_PIPELINE_WEIGHTS = (".safetensors", ".bin")
+PIPELINE_WEIGHTS = (".safetensors", ".bin")
 _NEVER = (".onnx", ".msgpack", ".h5", ".ot", ".pb", ".tflite", ".mlmodel")
+# Names a message lists before "and N more".
 NAMES_SHOWN = 5
 
 
@@ -50,7 +51,7 @@ def pick_gguf(names: Collection[str], file: str | None, label: str) -> str:
     if len(ggufs) > 1:
         what = excerpt(file) if file is not None else "the repo"
         raise InvalidRequest(
-            f"{excerpt(label)}: {what} matches several GGUF files ({_some(ggufs)}); "
+            f"{excerpt(label)}: {what} matches several GGUF files ({some_names(ggufs)}); "
             "name one with :FILE or a quantization tag such as :Q4_K_M"
         )
     return ggufs[0]
@@ -58,7 +59,7 @@ def pick_gguf(names: Collection[str], file: str | None, label: str) -> str:
 
 def gguf_parts(name: str, names: Collection[str]) -> list[str]:
     """The files llama.cpp opens for a GGUF: itself, or every part of a split one."""
-    match = _SPLIT_GGUF.match(posixpath.basename(name))
+    match = SPLIT_GGUF.match(posixpath.basename(name))
     if match is None:
         return [name]
     count = int(match["count"])
@@ -66,7 +67,9 @@ def gguf_parts(name: str, names: Collection[str]) -> list[str]:
     parts = [f"{prefix}-{part:05d}-of-{count:05d}.gguf" for part in range(1, count + 1)]
     missing = [part for part in parts if part not in names]
     if missing:
-        raise ModelNotFound(f"the split GGUF {excerpt(name)} lacks {_some(missing)} in the repo")
+        raise ModelNotFound(
+            f"the split GGUF {excerpt(name)} lacks {some_names(missing)} in the repo"
+        )
     return parts
 
 
@@ -91,20 +94,17 @@ def pipeline_files(names: Collection[str], components: Iterable[str]) -> list[st
     return chosen
 
 
-def is_weights(name: str) -> bool:
-    return name.endswith((".gguf", *_PIPELINE_WEIGHTS))
-
-
 def _top_level(name: str, suffix: str) -> bool:
     return "/" not in name and name.endswith(suffix)
 
 
 def _first_part(name: str) -> bool:
-    match = _SPLIT_GGUF.match(posixpath.basename(name))
+    match = SPLIT_GGUF.match(posixpath.basename(name))
     return match is None or name.endswith(f"-00001-of-{match['count']}.gguf")
 
 
-def _some(names: list[str]) -> str:
+def some_names(names: list[str]) -> str:
+    """A few of the names, for a message, and how many more there are."""
     shown = ", ".join(excerpt(name) for name in names[:NAMES_SHOWN])
     more = len(names) - NAMES_SHOWN
     return f"{shown} and {more} more" if more > 0 else shown

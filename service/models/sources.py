@@ -33,6 +33,7 @@ from huggingface_hub.errors import HFValidationError, LocalEntryNotFoundError
 from huggingface_hub.file_download import repo_folder_name
 
 from service.errors import AccessDenied, InvalidRequest, ModelNotFound, ServiceError, excerpt
+from service.hub.files import SPLIT_GGUF, some_names
 from service.model_source import HubReference, ModelSource, SourceKind
 from service.models import confine
 from service.models.confine import Found, LeadsOutside, TooLarge
@@ -40,8 +41,6 @@ from service.models.confine import Found, LeadsOutside, TooLarge
 # Long enough for any path under a models dir and any `owner/name@revision:file`
 # reference, short enough that a name costs nothing to check or to quote.
 MAX_MODEL_NAME_LENGTH = 1024
-# GGUF file names listed when a directory holds several.
-NAMES_SHOWN = 5
 
 _REPO_PART = r"[A-Za-z0-9][A-Za-z0-9._-]*"
 _HUB_REFERENCE = re.compile(
@@ -49,8 +48,6 @@ _HUB_REFERENCE = re.compile(
     r"(?::(?P<file>[A-Za-z0-9._/-]+))?$"
 )
 _COMMIT = re.compile(r"^[0-9a-f]{40}$")
-# llama.cpp opens the other parts of a split GGUF by this pattern, beside the first.
-_SPLIT_GGUF = re.compile(r"^(?P<prefix>.+)-\d{5}-of-(?P<count>\d{5})\.gguf$")
 _CONTROL = re.compile(r"[\x00-\x1f\x7f]")
 
 
@@ -305,7 +302,7 @@ def _only_gguf(root: _Root, directory: str, entries: list[tuple[str, Found]], la
     if len(names) > 1:
         raise InvalidRequest(
             f"{excerpt(label)} holds several GGUF files; name one with :FILE or its path "
-            f"({_some(names)})"
+            f"({some_names(names)})"
         )
     return _gguf_inside(root, directory, names[0], label)
 
@@ -341,7 +338,8 @@ def _pick_gguf(root: _Root, directory: str, file: str, label: str) -> Path:
         )
     if len(names) > 1:
         raise InvalidRequest(
-            f"{excerpt(label)}: {excerpt(file)} matches several files ({_some(names)}); name one"
+            f"{excerpt(label)}: {excerpt(file)} matches several files "
+            f"({some_names(names)}); name one"
         )
     _gguf_inside(root, directory, names[0], label)
     return Path(directory, names[0])
@@ -358,7 +356,7 @@ def _gguf_inside(root: _Root, directory: str, name: str, label: str) -> str:
 
 def _check_split_parts(root: _Root, directory: str, name: str, label: str) -> None:
     """The other files of a split GGUF, which llama.cpp opens beside it, stay inside too."""
-    match = _SPLIT_GGUF.match(posixpath.basename(name))
+    match = SPLIT_GGUF.match(posixpath.basename(name))
     if match is None or not root.confined:
         return
     count = int(match["count"])
@@ -368,12 +366,6 @@ def _check_split_parts(root: _Root, directory: str, name: str, label: str) -> No
     for part in range(1, count + 1):
         sibling = f"{prefix}-{part:05d}-of-{count:05d}.gguf"
         _find(root, directory, sibling, label, sibling)
-
-
-def _some(names: list[str]) -> str:
-    shown = ", ".join(excerpt(name) for name in names[:NAMES_SHOWN])
-    more = len(names) - NAMES_SHOWN
-    return f"{shown} and {more} more" if more > 0 else shown
 
 
 @contextmanager

@@ -16,6 +16,8 @@ from dataclasses import dataclass
 from service.admission import Capability, Decision
 from service.errors import InvalidRequest, NotSupported, Overloaded
 from service.hub.pull import Puller, PullState
+from service.model_source import HubReference, ModelSource
+from service.models.catalog import ModelSpec
 from service.models.pool import ModelPool
 
 
@@ -46,12 +48,36 @@ class Pulls:
         """The steps of pulling `model`; none when it is on disk already."""
         if self._puller is None:
             raise NotSupported(self._refusal)
-        spec = await asyncio.to_thread(self._pool.catalog.resolve, model)
-        source = await asyncio.to_thread(spec.locate)
+        spec, source = await self._resolve(model)
         if source.hub is None:
             raise InvalidRequest(f"{model!r} is not a Hugging Face hub model: nothing to pull")
-        if source.available_locally:
-            return
+        if not source.available_locally:
+            async for step in self._fetch(model, spec, source.hub, capability):
+                yield step
+
+    async def before_generate(self, model: str) -> Pulled | None:
+        """With --pull-on-demand, pull a hub model that is not on disk; None if nothing
+        was pulled (pulling on demand is off, or the model needs none)."""
+        if not self._on_demand:
+            return None
+        spec, source = await self._resolve(model)
+        if source.hub is None or source.available_locally:
+            return None
+        began = time.monotonic()
+        transferred = 0
+        async for step in self._fetch(model, spec, source.hub, Capability.TEXT):
+            transferred = step.state.transferred
+        return Pulled((time.monotonic() - began) * 1000, transferred)
+
+    async def _resolve(self, model: str) -> tuple[ModelSpec, ModelSource]:
+        spec = await asyncio.to_thread(self._pool.catalog.resolve, model)
+        return spec, await asyncio.to_thread(spec.locate)
+
+    async def _fetch(
+        self, model: str, spec: ModelSpec, hub: HubReference, capability: Capability
+    ) -> AsyncIterator[PullStep]:
+        """Admission, the disk check, then the (shared) transfer."""
+        assert self._puller is not None
         decision = await self._pool.admission(spec, capability)
         download = decision.download
         if not decision.admitted or download is None:
@@ -61,20 +87,5 @@ class Pulls:
                 f"{model!r} takes {download.total_bytes} bytes; the disk holding the hub "
                 f"cache has {download.free_bytes} free"
             )
-        async for state in self._puller.pull(source.hub, download):
+        async for state in self._puller.pull(hub, download):
             yield PullStep(decision, state)
-
-    async def before_generate(self, model: str) -> Pulled | None:
-        """With --pull-on-demand, pull a hub model that is not on disk; None if nothing
-        was pulled (pulling on demand is off, or the model needs none)."""
-        if not self._on_demand:
-            return None
-        spec = await asyncio.to_thread(self._pool.catalog.resolve, model)
-        source = await asyncio.to_thread(spec.locate)
-        if source.hub is None or source.available_locally:
-            return None
-        began = time.monotonic()
-        transferred = 0
-        async for step in self.transfer(model, Capability.TEXT):
-            transferred = step.state.transferred
-        return Pulled((time.monotonic() - began) * 1000, transferred)
