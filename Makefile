@@ -64,6 +64,7 @@ bench:
 	$(BIN)/python -m bench.generate
 	$(BIN)/python -m bench.image
 	$(BIN)/python -m bench.cluster
+	$(BIN)/python -m bench.pull
 
 # --- CUDA (docs/gpu.md) -----------------------------------------------------------
 # Here, with network: the trimmed llama-cpp-python sdist and the wheels, both
