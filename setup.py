@@ -2,7 +2,7 @@
 
 Two plain shared libraries loaded with ctypes, so they need a C compiler but no
 Python headers: llama.cpp's log filter (service/backends/llama_cpp/log.py says why
-it is C) and the batched sampler's top-k (service/backends/native/top_k.c). Both
+it is C) and the batched sampler's draw (service/backends/native/sampler.c). Both
 are optional: where they cannot be built, Python and numpy do the same work, slower.
 """
 
@@ -16,8 +16,9 @@ setup(
             optional=True,
         ),
         Extension(
-            "service.backends.native._top_k",
-            sources=["service/backends/native/top_k.c"],
+            "service.backends.native._sampler",
+            sources=["service/backends/native/sampler.c"],
+            libraries=["m"],
             extra_compile_args=["-O3"],
             optional=True,
         ),

@@ -4,8 +4,9 @@ On a GPU the forward pass of a step is over in a few milliseconds, and what the
 host does with the logits after it decides how much of that speed sampling
 keeps. This times, on random logits of a step's shape (rows x vocabulary),
 the greedy argmax and the batched sampler's draw (service.backends
-.batch_sampling) on the backend's row threads, and the sampler's stages on one
-thread, so that a change to the search can be judged on the machine it is for.
+.batch_sampling) on the backend's row threads, then on one thread the argmax,
+the draw in C and the draw in numpy, so that a change to the draw can be judged
+on the machine it is for.
 
     python -m bench.row_search [--rows 32,64,128] [--vocab 128256] [--threads 8]
 """
@@ -19,8 +20,7 @@ from collections.abc import Callable
 
 import numpy as np
 
-from service.backends import batch_sampling
-from service.backends.batch_sampling import Row, candidates_needed, sample_candidates
+from service.backends.batch_sampling import Row, sample_rows, sample_rows_in_numpy
 from service.backends.row_threads import RowThreads
 from service.text.requests import SamplingParams
 
@@ -42,16 +42,14 @@ def one_shape(count: int, vocab: int, threads: RowThreads, repeats: int) -> str:
     """A row of the table: `count` rows of `vocab` logits."""
     logits = (np.random.default_rng(count).standard_normal((count, vocab)) * 3).astype(np.float32)
     rows = [Row(SAMPLED, draw) for draw in range(count)]
-    width = candidates_needed([SAMPLED])
     argmax = milliseconds(lambda: threads.argmax(logits), repeats)
     sample = milliseconds(lambda: threads.sample(logits, rows), repeats)
     single = milliseconds(lambda: logits.argmax(axis=1), repeats)
-    search = milliseconds(lambda: batch_sampling.top_candidates(logits, width), repeats)
-    ids, values = batch_sampling.top_candidates(logits, width)
-    draw = milliseconds(lambda: sample_candidates(ids, values, rows), repeats)
+    in_c = milliseconds(lambda: sample_rows(logits, rows), repeats)
+    in_numpy = milliseconds(lambda: sample_rows_in_numpy(logits, rows), repeats)
     return (
         f"{count:>5} {argmax:>8.2f} {sample:>8.2f} {sample / argmax:>5.2f} | "
-        f"{'':>11} {single:>7.2f} {search:>7.2f} {draw:>6.2f}"
+        f"{'':>11} {single:>7.2f} {in_c:>7.2f} {in_numpy:>7.2f}"
     )
 
 
@@ -64,7 +62,7 @@ def main() -> None:
     args = parser.parse_args()
     threads = RowThreads(args.threads)
     print(f"{'rows':>5} {'argmax':>8} {'sample':>8} {'x':>5} | one thread: "
-          f"{'argmax':>7} {'search':>7} {'draw':>6}  (ms)")  # fmt: skip
+          f"{'argmax':>7} {'draw C':>7} {'numpy':>7}  (ms)")  # fmt: skip
     for count in args.rows.split(","):
         print(one_shape(int(count), args.vocab, threads, args.repeats), flush=True)
     threads.close()

@@ -18,7 +18,6 @@ from service.backends.batch_sampling import (
     Row,
     batchable,
     sample_rows,
-    top_candidates,
     uniform,
 )
 from service.text.requests import SamplingParams
@@ -157,15 +156,6 @@ def test_the_comparison_catches_a_penalty_left_out() -> None:
     ours = our_draws(logits, params(repeat_penalty=1.5), [])
     theirs = llama_cpp_draws(logits, params(repeat_penalty=1.5), recent)
     assert same_distribution_z(ours, theirs) > 10
-
-
-@pytest.mark.parametrize("vocab", [50, 1_000, 49_152, 262_147])
-def test_the_candidates_are_each_rows_largest(vocab: int) -> None:
-    logits = np.random.default_rng(vocab).standard_normal((5, vocab)).astype(np.float32)
-    ids, values = top_candidates(logits, 40)
-    expected = np.sort(np.partition(logits, vocab - 40, axis=1)[:, vocab - 40 :], axis=1)
-    assert np.array_equal(np.sort(values, axis=1), expected)
-    assert np.array_equal(np.take_along_axis(logits, ids, axis=1), values)
 
 
 def test_a_seeded_draw_depends_only_on_its_seed_and_index() -> None:

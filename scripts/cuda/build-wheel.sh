@@ -68,13 +68,13 @@ build() {
 }
 
 # The C helpers in service/backends/native/ (llama.cpp's log filter, the batched
-# sampler's top-k), which `pip install` builds elsewhere; here the service runs from
+# sampler's draw), which `pip install` builds elsewhere; here the service runs from
 # the tree, so compile them in place, as setup.py would.
 build_native() {
     local suffix native=$root/service/backends/native
     suffix=$("$python" -c 'import sysconfig; print(sysconfig.get_config_var("EXT_SUFFIX"))')
     cc -O2 -shared -fPIC -o "$native/_log_filter$suffix" "$native/log_filter.c"
-    cc -O3 -shared -fPIC -o "$native/_top_k$suffix" "$native/top_k.c"
+    cc -O3 -shared -fPIC -o "$native/_sampler$suffix" "$native/sampler.c" -lm
 }
 
 install_deps

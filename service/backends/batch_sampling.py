@@ -12,12 +12,13 @@ The result is the distribution llama.cpp's chain gives for the same settings
 the chain is penalties, top-k, top-p, min-p, temperature, then the draw, where
 top-p and min-p read the probabilities before the temperature is applied.
 
-Finding the candidates: service/backends/native/top_k.c does it in one pass
-where it was built (see there). Without it: split each row into strided blocks and take each
-block's maximum (one pass, as fast as an argmax). The k largest values of a
-row all lie in the k blocks with the largest maxima, since every block holds
-its maximum and there are only k values at least as large as the k-th; so
-only those blocks are searched.
+Where service/backends/native/sampler.c was built, it does all of this in C,
+row by row, the same way (the same tokens for the same numbers). Without it,
+numpy finds the candidates by splitting each row into strided blocks and taking
+each block's maximum (one pass, as fast as an argmax). The k largest values of a
+row all lie in the k blocks with the largest maxima, since every block holds its
+maximum and there are only k values at least as large as the k-th; so only those
+blocks are searched.
 
 Each draw comes from a counter-based generator keyed by the request's seed
 and the draw's index in that request, so a seeded request draws the same
@@ -32,7 +33,7 @@ from dataclasses import dataclass
 import numpy as np
 import numpy.typing as npt
 
-from service.backends.native import top_k as native_top_k
+from service.backends.native import sampler as native_sampler
 from service.text.requests import SamplingParams
 
 # How many recent tokens the repetition penalty looks at (llama.cpp's default).
@@ -45,6 +46,7 @@ _BLOCK = 16
 Floats = npt.NDArray[np.float32]
 Doubles = npt.NDArray[np.float64]
 Ints = npt.NDArray[np.int64]
+Tokens = npt.NDArray[np.int32]
 
 
 def batchable(params: SamplingParams) -> bool:
@@ -65,9 +67,54 @@ class Row:
 
 
 def sample_rows(logits: Floats, rows: Sequence[Row]) -> list[int]:
-    """One token for each row of `logits` (rows x vocabulary)."""
-    ids, values = top_candidates(logits, candidates_needed([row.params for row in rows]))
-    return sample_candidates(ids, values, rows)
+    """One token for each row of `logits` (rows x vocabulary): in C where it was
+    built, else in numpy."""
+    if native_sampler.available():
+        draws = native_draws(logits, rows)
+        draws.draw(0, len(rows))
+        return draws.chosen()
+    return sample_rows_in_numpy(logits, rows)
+
+
+def sample_rows_in_numpy(logits: Floats, rows: Sequence[Row]) -> list[int]:
+    width = candidates_needed([row.params for row in rows])
+    return sample_candidates(*candidates_in_blocks(logits, best_blocks(logits, width), width), rows)
+
+
+def native_draws(logits: Floats, rows: Sequence[Row]) -> native_sampler.StepDraws:
+    """The step's draws, set up for sampler.c."""
+    return native_sampler.StepDraws(logits, native_settings(rows), native_recent(rows))
+
+
+def native_settings(rows: Sequence[Row]) -> Doubles:
+    """The rows' settings as sampler.c reads them (a row each, see its SETTINGS)."""
+    flat = [
+        value
+        for row in rows
+        for value in (
+            row.params.temperature,
+            _candidates_wanted(row.params),
+            row.params.top_p,
+            row.params.min_p,
+            row.params.repeat_penalty,
+            row.params.seed & 0xFFFFFFFF,
+            row.draw & 0xFFFFFFFF,
+        )
+    ]
+    return np.array(flat, dtype=np.float64).reshape(len(rows), native_sampler.SETTINGS)
+
+
+def native_recent(rows: Sequence[Row]) -> Tokens | None:
+    """Each row's recent tokens for sampler.c's repetition penalty (-1 pads), or None
+    when no row has one."""
+    if all(row.params.repeat_penalty == 1.0 or not row.recent for row in rows):
+        return None
+    recent = np.full((len(rows), PENALTY_WINDOW), -1, dtype=np.int32)
+    for i, row in enumerate(rows):
+        if row.params.repeat_penalty != 1.0 and row.recent:
+            window = row.recent[-PENALTY_WINDOW:]
+            recent[i, : len(window)] = window
+    return recent
 
 
 def candidates_needed(settings: Sequence[SamplingParams]) -> int:
@@ -79,8 +126,7 @@ def candidates_needed(settings: Sequence[SamplingParams]) -> int:
 
 def sample_candidates(ids: Ints, values: Floats, rows: Sequence[Row]) -> list[int]:
     """One token for each row, from its best `candidates_needed` logits (ids and
-    values, a row each, in any order): found here by `top_candidates`, or on
-    the GPU by llama.cpp's top-k (see the llama.cpp backend)."""
+    values, a row each, in any order)."""
     values = values.copy()  # the penalty writes here; the caller's may be llama.cpp's
     if any(row.params.repeat_penalty != 1.0 for row in rows):
         _apply_penalties(ids, values, rows)
@@ -94,15 +140,6 @@ def sample_candidates(ids: Ints, values: Floats, rows: Sequence[Row]) -> list[in
 
 def _candidates_wanted(params: SamplingParams) -> int:
     return 1 if params.temperature == 0 else params.top_k
-
-
-def top_candidates(logits: Floats, k: int) -> tuple[Ints, Floats]:
-    """The ids and values of each row's `k` largest logits, in no order: in one
-    pass by service/backends/native/top_k.c where it was built, else by the
-    block search below."""
-    if native_top_k.available():
-        return native_top_k.top_k_rows(logits, k)
-    return candidates_in_blocks(logits, best_blocks(logits, k), k)
 
 
 def best_blocks(logits: Floats, k: int) -> Ints:

@@ -22,9 +22,10 @@ from service.backends.batch_sampling import (
     best_blocks,
     candidates_in_blocks,
     candidates_needed,
+    native_draws,
     sample_candidates,
 )
-from service.backends.native import top_k as native_top_k
+from service.backends.native import sampler as native_sampler
 
 # Below this many logits one thread is quicker than handing out blocks.
 _PARALLEL_FROM = 4 * 1024 * 1024
@@ -41,39 +42,39 @@ class RowThreads:
 
     def argmax(self, logits: Logits) -> list[int]:
         """Index of the largest value of each row."""
-        return [int(token) for token in np.concatenate(self._split(logits, _argmax))]
+        parts = self._split(logits, lambda begin, end: _argmax(logits[begin:end]))
+        return [int(token) for token in np.concatenate(parts)]
 
     def sample(self, logits: Logits, rows: Sequence[Row]) -> list[int]:
         """One draw per row (service.backends.batch_sampling).
 
-        Only the search over the whole rows runs on the threads: the C top-k
-        (which runs without the GIL), or else numpy's block search. The rest works
-        on a few hundred candidates per row, and split over threads its many short
-        numpy calls would wait on each other for the GIL: on the 16-core GPU host
-        the whole draw on 8 threads was slower than on one.
+        In C (service/backends/native/sampler.c), each thread draws for its block of
+        rows without the GIL. Without it, only numpy's search over the whole rows
+        runs on the threads: the rest works on a few hundred candidates per row, and
+        split over threads its many short numpy calls would wait on each other for
+        the GIL (on the 16-core GPU host the whole draw on 8 threads was slower
+        than on one).
         """
+        if native_sampler.available():
+            draws = native_draws(logits, rows)
+            self._split(logits, draws.draw)
+            return draws.chosen()
         width = candidates_needed([row.params for row in rows])
-        if native_top_k.available():
-            parts = self._split(logits, lambda part: native_top_k.top_k_rows(part, width))
-            ids = np.concatenate([part[0] for part in parts])
-            values = np.concatenate([part[1] for part in parts])
-        else:
-            blocks = self._split(logits, lambda part: best_blocks(part, width))
-            ids, values = candidates_in_blocks(logits, np.concatenate(blocks), width)
+        blocks = self._split(logits, lambda begin, end: best_blocks(logits[begin:end], width))
+        ids, values = candidates_in_blocks(logits, np.concatenate(blocks), width)
         return sample_candidates(ids, values, rows)
 
-    def _split(self, logits: Logits, work: Callable[[Logits], Result]) -> list[Result]:
-        """`work` on blocks of rows, on the pool when it pays; each block's result."""
+    def _split(self, logits: Logits, work: Callable[[int, int], Result]) -> list[Result]:
+        """`work` on blocks of rows (begin, end), on the pool when it pays; each
+        block's result."""
         count = logits.shape[0]
         blocks = min(self._threads, count)
         if blocks < 2 or logits.size < _PARALLEL_FROM:
-            return [work(logits)]
+            return [work(0, count)]
         if self._pool is None:
             self._pool = ThreadPoolExecutor(self._threads, thread_name_prefix="rows")
         bounds = np.linspace(0, count, blocks + 1).astype(int).tolist()
-        return list(
-            self._pool.map(lambda begin, end: work(logits[begin:end]), bounds[:-1], bounds[1:])
-        )
+        return list(self._pool.map(work, bounds[:-1], bounds[1:]))
 
     def close(self) -> None:
         if self._pool is not None:
