@@ -17,6 +17,7 @@ from service.backends.batch_sampling import (
     PENALTY_WINDOW,
     Row,
     batchable,
+    draw_among,
     sample_rows,
     uniform,
 )
@@ -179,3 +180,55 @@ def test_settings_llama_cpp_keeps() -> None:
     assert not batchable(params(top_k=0))  # the whole vocabulary
     assert not batchable(params(top_k=MAX_TOP_K + 1))
     assert not batchable(params(repeat_penalty=0.8))  # raises tokens from anywhere
+
+
+def masked_logits(allowed_share: float, seed: int) -> np.ndarray:
+    """Fixed logits with all but a share of the tokens ruled out, as a grammar does."""
+    logits = fixed_logits(seed=seed)
+    ruled_out = np.random.default_rng(seed + 1).random(VOCAB) >= allowed_share
+    ruled_out[np.argmax(logits)] = allowed_share < 0.5  # a grammar often rules out the best
+    logits[ruled_out] = -np.inf
+    return logits
+
+
+@pytest.mark.parametrize("allowed_share", [0.02, 0.5])
+def test_a_masked_draw_gives_llama_cpps_distribution(allowed_share: float) -> None:
+    logits = masked_logits(allowed_share, seed=4)
+    sampling = params(temperature=1.1, top_k=30, min_p=0.0)
+    allowed = np.flatnonzero(np.isfinite(logits)).astype(np.int32)
+    ours: Counter[int] = Counter()
+    for draw in range(DRAWS):
+        token = draw_among(allowed, logits[allowed], -np.inf, Row(sampling, draw))
+        assert token is not None
+        ours[token] += 1
+    theirs = llama_cpp_draws(logits, sampling, [])
+    assert len(ours) >= 4
+    assert set(ours) <= set(allowed.tolist())
+    assert same_distribution_z(ours, theirs) < 4.5
+
+
+def test_a_draw_among_the_best_is_the_draw_among_all_or_undecided() -> None:
+    generator = np.random.default_rng(8)
+    decided = 0
+    for case in range(600):
+        share = float(generator.choice([0.002, 0.02, 0.3, 1.0]))
+        logits = masked_logits(share, seed=case)
+        raw = fixed_logits(seed=case)  # before the mask: what decides which are the best
+        sampling = params(
+            temperature=float(generator.choice([0.0, 0.7, 1.5])),
+            top_k=int(generator.choice([1, 10, 40])),
+            top_p=float(generator.choice([1.0, 0.9, 0.5])),
+            min_p=float(generator.choice([0.0, 0.1])),
+            repeat_penalty=float(generator.choice([1.0, 1.5])),
+        )
+        row = Row(sampling, case, np.argsort(-raw)[:PENALTY_WINDOW:2].tolist())
+        allowed = np.flatnonzero(np.isfinite(logits)).astype(np.int32)
+        if not len(allowed):
+            continue
+        whole = draw_among(allowed, logits[allowed], -np.inf, row)
+        width = int(generator.choice([16, 64, 256]))
+        best = np.argpartition(raw, VOCAB - width)[VOCAB - width :].astype(np.int32)
+        among_best = draw_among(best, logits[best], float(raw[best].min()), row)
+        assert among_best in (None, whole)
+        decided += among_best is not None
+    assert decided > 300  # most are decided from the best alone

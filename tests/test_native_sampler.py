@@ -143,3 +143,17 @@ def test_row_threads_draw_the_same_without_the_library(monkeypatch: pytest.Monke
         assert work.sample(logits, rows) == with_library
     finally:
         work.close()
+
+
+@pytest.mark.parametrize(("rows", "vocab", "k"), SHAPES)
+def test_one_rows_k_largest_in_c_and_in_numpy(
+    rows: int, vocab: int, k: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    line = _logits(1, vocab, vocab + rows)[0]
+    largest = np.sort(line)[-min(k, vocab) :]
+    in_c = batch_sampling.best_of_row(line, k)
+    monkeypatch.setattr(sampler, "available", lambda: False)
+    in_numpy = batch_sampling.best_of_row(line, k)
+    for ids, values in (in_c, in_numpy):
+        assert np.array_equal(np.sort(values), largest)
+        assert np.array_equal(line[ids], values)

@@ -81,6 +81,16 @@ def sample_rows_in_numpy(logits: Floats, rows: Sequence[Row]) -> list[int]:
     return sample_candidates(*candidates_in_blocks(logits, best_blocks(logits, width), width), rows)
 
 
+def best_of_row(line: Floats, k: int) -> tuple[Tokens, Floats]:
+    """The ids and values of one row's `k` largest logits, in no order (fewer only
+    when the row holds NaNs): in C where it was built, else by a numpy partition."""
+    if native_sampler.available():
+        return native_sampler.top_k_row(line, k)
+    k = min(k, len(line))
+    ids = np.argpartition(line, len(line) - k)[len(line) - k :].astype(np.int32)
+    return ids, line[ids]
+
+
 def native_draws(logits: Floats, rows: Sequence[Row]) -> native_sampler.StepDraws:
     """The step's draws, set up for sampler.c."""
     return native_sampler.StepDraws(logits, native_settings(rows), native_recent(rows))
@@ -136,6 +146,36 @@ def sample_candidates(ids: Ints, values: Floats, rows: Sequence[Row]) -> list[in
     kept = _kept_counts(ranked, rows)
     picks = _draw(ranked, kept, rows)
     return [int(ids[i, pick]) for i, pick in enumerate(picks)]
+
+
+def draw_among(ids: Tokens, values: Floats, floor: float, row: Row) -> int | None:
+    """One row's draw from some of its candidates: `ids` and their raw logits, -inf
+    for those ruled out (by a grammar: service/backends/llama_cpp/sampling.py), where
+    every token left out has a logit of at most `floor` (-inf when none is left out).
+    The token the draw over the whole row would give, or None when the tokens left
+    out could change it.
+
+    Tokens left out rank below every candidate above the floor, as a penalty of at
+    least 1 only lowers logits. So when those candidates hold the top-k, the draw is
+    theirs. When they hold fewer, the rest of the top-k is unknown but each weighs at
+    most the floor's weight: if top-p and min-p keep the same candidates whether the
+    unknown ones weigh nothing or that much, the draw is still decided.
+    """
+    penalized = values.astype(np.float32)[None, :]
+    if row.params.repeat_penalty != 1.0 and row.recent:
+        _apply_penalties(ids.astype(np.int64)[None, :], penalized, [row])
+    above = np.flatnonzero(penalized[0] > floor)
+    if not len(above):
+        return None
+    order = above[np.argsort(-penalized[0, above], kind="stable")]
+    ranked: Doubles = penalized[:, order].astype(np.float64)
+    kept = _kept_counts(ranked, [row])
+    unknown = _candidates_wanted(row.params) - len(order)
+    if unknown > 0 and floor > -np.inf:
+        heaviest = np.concatenate([ranked, np.full((1, unknown), floor)], axis=1)
+        if _kept_counts(heaviest, [row])[0] != kept[0]:
+            return None
+    return int(ids[order[_draw(ranked, kept, [row])[0]]])
 
 
 def _candidates_wanted(params: SamplingParams) -> int:

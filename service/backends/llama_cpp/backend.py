@@ -30,7 +30,7 @@ import numpy.typing as npt
 from llama_cpp._internals import LlamaContext, LlamaModel
 
 from service.backends.base import ActiveSequence, Sampled, SequenceRequest
-from service.backends.batch_sampling import PENALTY_WINDOW, Row
+from service.backends.batch_sampling import Row
 from service.backends.failure import load_refused
 from service.backends.llama_cpp import log as llama_log  # also routes llama.cpp's log, on import
 from service.backends.llama_cpp.batch import Batch, Chunk
@@ -318,7 +318,11 @@ class LlamaCppBackend:
         # Logprobs read the raw logits, which sampling leaves as they are.
         context = self._context.ctx
         try:
-            token = sequence.sampler.sample(context, output) if chosen is None else chosen
+            token = (
+                sequence.sampler.sample(context, output, sequence.slot.tokens)
+                if chosen is None
+                else chosen
+            )
         except SamplingRefused as refusal:
             return Sampled(-1, refused=refusal)
         sequence.pending, sequence.decoding = [token], True
@@ -450,11 +454,7 @@ class LlamaCppBackend:
 
 def _draw_of(sequence: LlamaSequence) -> Row:
     """The batched sampler's view of a sequence's next draw (and counts it)."""
-    sampler = sequence.sampler
-    recent = sequence.slot.tokens[-PENALTY_WINDOW:] if sampler.params.repeat_penalty != 1 else ()
-    row = Row(sampler.params, sampler.draws, recent)
-    sampler.draws += 1
-    return row
+    return sequence.sampler.next_draw(sequence.slot.tokens)
 
 
 def _own(sequence: ActiveSequence) -> LlamaSequence:

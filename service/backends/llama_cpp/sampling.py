@@ -9,8 +9,14 @@ finishes. The order follows llama-cpp-python's own: penalties, grammar, then
 the truncations and the draw (or greedy at temperature 0).
 
 A grammar is applied apart from the chain, and checked before anything is
-drawn. llama.cpp's own `llama_sampler_sample` draws even when the grammar has
-ruled out every token of the vocabulary (a grammar that demands an
+drawn. Applying it to the whole vocabulary is what costs (about 45 ms a token
+for Gemma's 262k tokens on a laptop core, which every other stream of the step
+waits for), so it is first applied to the row's best few hundred logits, and
+that is kept when it provably picks what the whole vocabulary would (see
+`_GrammarGuard.decides`); only otherwise is the whole vocabulary checked.
+
+llama.cpp's own `llama_sampler_sample` draws even when the grammar has ruled
+out every token of the vocabulary (a grammar that demands an
 end-of-generation token, or a text no token can write), and then aborts the
 whole process when the grammar is told of the draw. Here such a sequence ends
 with INVALID_ARGUMENT instead, as does one whose grammar has grown too costly
@@ -28,8 +34,15 @@ from typing import cast
 
 import llama_cpp
 import numpy as np
+import numpy.typing as npt
 
-from service.backends.batch_sampling import PENALTY_WINDOW, batchable
+from service.backends.batch_sampling import (
+    PENALTY_WINDOW,
+    Row,
+    batchable,
+    best_of_row,
+    draw_among,
+)
 from service.backends.llama_cpp.log import captured_parser_output
 from service.errors import InvalidRequest
 from service.text.requests import Grammar, SamplingParams
@@ -47,6 +60,9 @@ MAX_GRAMMAR_CHECKS_PER_TOKEN = 64_000_000
 # grammar whose alternatives multiply as it goes gets there, which no static
 # bound can see.
 GRAMMAR_STEP_SECONDS = 2.0
+
+# How many of a row's best logits a grammar is tried on before the whole vocabulary.
+GRAMMAR_FIRST_TRIES = (256, 8192)
 
 # llama_token_data, as numpy lays it out: the candidates handed to llama.cpp.
 _TOKEN_DATA = np.dtype([("id", np.int32), ("logit", np.float32), ("p", np.float32)])
@@ -72,13 +88,14 @@ class SamplerChain:
         # for Gemma's 262k entries).
         self.plain_greedy = params.temperature == 0 and params.repeat_penalty == 1.0 and not grammar
         # Without a grammar, the common settings are sampled for the whole step at once
-        # (service.backends.batch_sampling), and this chain is never built.
+        # (service.backends.batch_sampling), and this chain is never built. With one,
+        # they are drawn the same way from the candidates the grammar allows.
         self.batched = not self.plain_greedy and grammar is None and batchable(params)
         self.params = params
         self.draws = 0  # tokens drawn so far: the batched sampler's counter
         self._grammar = None if grammar is None else _GrammarGuard(vocab, grammar)
         self._chain: llama_cpp.llama_sampler_p | None = None
-        if self.plain_greedy or self.batched:
+        if self.plain_greedy or self.batched or (grammar is not None and batchable(params)):
             return
         self._chain = llama_cpp.llama_sampler_chain_init(
             llama_cpp.llama_sampler_chain_default_params()
@@ -95,16 +112,31 @@ class SamplerChain:
         self._add(llama_cpp.llama_sampler_init_temp(params.temperature))
         self._add(llama_cpp.llama_sampler_init_dist(params.seed))
 
-    def sample(self, context: llama_cpp.llama_context_p, output_index: int) -> int:
-        """Sample from the logits of batch output `output_index`, and remember the choice.
+    def next_draw(self, recent: Sequence[int]) -> Row:
+        """The batched sampler's view of this sequence's next draw (and counts it);
+        `recent` ends with the sequence's latest tokens, prompt included."""
+        window = recent[-PENALTY_WINDOW:] if self.params.repeat_penalty != 1 else ()
+        row = Row(self.params, self.draws, window)
+        self.draws += 1
+        return row
+
+    def sample(
+        self, context: llama_cpp.llama_context_p, output_index: int, recent: Sequence[int]
+    ) -> int:
+        """Sample from the logits of batch output `output_index`, and remember the choice;
+        `recent` as for `next_draw`.
 
         Raises SamplingRefused when the grammar rules out every token, or takes
         too long to rule.
         """
-        assert self._chain is not None, "greedy and batched sequences have no chain"
         if self._grammar is None:
+            assert self._chain is not None, "greedy and batched sequences have no chain"
             return int(llama_cpp.llama_sampler_sample(self._chain, context, output_index))
-        candidates = self._grammar.candidates(context, output_index)
+        if self._chain is None:
+            token = self._grammar.draw(context, output_index, self.next_draw(recent))
+            self._grammar.accept(token)
+            return token
+        candidates = self._grammar.whole_vocabulary(context, output_index)
         llama_cpp.llama_sampler_apply(self._chain, ctypes.byref(candidates))
         if not 0 <= candidates.selected < candidates.size:
             raise SamplingRefused("the sampler chose no token the grammar allows")
@@ -136,17 +168,51 @@ class _GrammarGuard:
         self._ids = np.arange(size, dtype=np.int32)
         self._candidates = np.zeros(size, dtype=_TOKEN_DATA)
         self._tokens = 0
+        self._on_pace = True  # whether the last ruling kept within GRAMMAR_STEP_SECONDS
 
-    def candidates(
+    def draw(self, context: llama_cpp.llama_context_p, output_index: int, row: Row) -> int:
+        """The batched sampler's draw (service.backends.batch_sampling) among the tokens
+        the grammar allows: tried on the row's best logits first, and on the whole
+        vocabulary only when those cannot decide it.
+        SamplingRefused when the grammar allows no token, or took too long to rule."""
+        logits = self._logits(context, output_index)
+        for width in GRAMMAR_FIRST_TRIES:
+            if width < len(logits):
+                ids, values = best_of_row(logits, width)
+                self._apply(ids, values)
+                if not self._on_pace:
+                    break  # measure the whole vocabulary (see _check_pace)
+                masked = self._candidates["logit"][: len(ids)]
+                token = draw_among(ids, masked, float(values.min()), row)
+                if token is not None:
+                    return token
+        self._apply(self._ids, logits, whole=True)
+        masked = self._candidates["logit"]
+        allowed = np.flatnonzero(np.isfinite(masked)).astype(np.int32)
+        token = draw_among(allowed, masked[allowed], -np.inf, row)
+        assert token is not None, "the grammar allows a token: _apply checked"
+        return token
+
+    def whole_vocabulary(
         self, context: llama_cpp.llama_context_p, output_index: int
     ) -> llama_cpp.llama_token_data_array:
         """The vocabulary with the model's logits, every token the grammar rules out at
-        -inf; SamplingRefused when that is every token, or when ruling took too long."""
-        size = len(self._ids)
-        logits = llama_cpp.llama_get_logits_ith(context, output_index)
-        candidates = self._candidates
-        candidates["id"] = self._ids  # the chain sorted them last time
-        candidates["logit"] = np.ctypeslib.as_array(logits, shape=(size,))
+        -inf, for the chain. SamplingRefused as for `draw`."""
+        return self._apply(self._ids, self._logits(context, output_index), whole=True)
+
+    def _logits(
+        self, context: llama_cpp.llama_context_p, output_index: int
+    ) -> npt.NDArray[np.float32]:
+        pointer = llama_cpp.llama_get_logits_ith(context, output_index)
+        return np.ctypeslib.as_array(pointer, shape=(len(self._ids),))
+
+    def _apply(
+        self, ids: npt.NDArray[np.int32], logits: npt.NDArray[np.float32], whole: bool = False
+    ) -> llama_cpp.llama_token_data_array:
+        size = len(ids)
+        candidates = self._candidates[:size]
+        candidates["id"] = ids  # the chain sorted them last time
+        candidates["logit"] = logits
         candidates["p"] = 0.0
         array = llama_cpp.llama_token_data_array(
             data=candidates.ctypes.data_as(llama_cpp.llama_token_data_p),
@@ -154,22 +220,38 @@ class _GrammarGuard:
             selected=-1,
             sorted=False,
         )
-        started = time.monotonic()
+        started = time.perf_counter()
         llama_cpp.llama_sampler_apply(self._sampler, ctypes.byref(array))
-        seconds = time.monotonic() - started
-        if seconds > GRAMMAR_STEP_SECONDS:
-            raise SamplingRefused(
-                f"the grammar took {seconds:.1f} s to rule on token {self._tokens + 1}, more "
-                f"than this server allows ({GRAMMAR_STEP_SECONDS:g} s): it is too ambiguous "
-                "(its alternatives multiply with each token); simplify it"
-            )
-        if not np.isfinite(candidates["logit"]).any():
+        self._on_pace = self._check_pace(time.perf_counter() - started, size)
+        if whole and not np.isfinite(candidates["logit"]).any():
             raise SamplingRefused(
                 f"the grammar allows no token of this model's vocabulary after "
                 f"{self._tokens} generated tokens (it may demand an end-of-generation "
                 "token, or text no token can write)"
             )
         return array
+
+    def _check_pace(self, seconds: float, size: int) -> bool:
+        """Whether ruling on `size` candidates in `seconds` keeps the grammar within
+        GRAMMAR_STEP_SECONDS for the whole vocabulary; refused when it was the whole
+        vocabulary that took too long.
+
+        A grammar whose work doubles with each token must be stopped at the same point
+        whether it rules on a few candidates or on all of them, before its states
+        (which accepting a token also walks) outgrow memory. A few candidates' time
+        scaled up to the vocabulary says when; but scaled up, a moment's preemption
+        looks a thousand times longer, so the caller then measures the whole
+        vocabulary instead of trusting the estimate."""
+        vocabulary = len(self._ids)
+        if seconds * vocabulary / size <= GRAMMAR_STEP_SECONDS:
+            return True
+        if size < vocabulary:
+            return False
+        raise SamplingRefused(
+            f"the grammar took {seconds:.1f} s to rule on token {self._tokens + 1}, more "
+            f"than this server allows ({GRAMMAR_STEP_SECONDS:g} s): it is too ambiguous "
+            "(its alternatives multiply with each token); simplify it"
+        )
 
     def accept(self, token: int) -> None:
         self._tokens += 1

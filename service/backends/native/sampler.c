@@ -398,3 +398,25 @@ int sample_rows(const float *logits, int64_t rows, int64_t columns, int64_t stri
     free(scratch);
     return 0;
 }
+
+/*
+ * The k largest of line[0..columns) into ids[0..k) and values[0..k), in no order:
+ * the candidates a grammar is tried on first (service/backends/llama_cpp/sampling.py).
+ * Returns how many it found (fewer than k only when the row holds NaNs), or -1 when
+ * out of memory.
+ */
+int64_t top_k_row(const float *line, int64_t columns, int64_t k, int32_t *ids, float *values) {
+    if (k > columns) k = columns;
+    if (k < 1) return 0;
+    char *scratch = malloc(SLACK * k * sizeof(Candidate) + (columns / CHUNK + 1) * sizeof(float));
+    if (!scratch) return -1;
+    Candidate *items = (Candidate *)scratch;
+    float *maxima = (float *)(items + SLACK * k);
+    int64_t found = row_top_k(line, columns, k, items, maxima);
+    for (int64_t i = 0; i < found; i++) {
+        ids[i] = items[i].id;
+        values[i] = items[i].value;
+    }
+    free(scratch);
+    return found;
+}

@@ -33,11 +33,29 @@ def _library() -> ctypes.CDLL | None:
     library.sample_rows.argtypes = (pointer, size, size, size, pointer, pointer, size, size)
     library.sample_rows.argtypes += (pointer,)
     library.sample_rows.restype = ctypes.c_int
+    library.top_k_row.argtypes = (pointer, size, size, pointer, pointer)
+    library.top_k_row.restype = size
     return library
 
 
 def available() -> bool:
     return _library() is not None
+
+
+def top_k_row(line: Floats, k: int) -> tuple[Tokens, Floats]:
+    """The ids and values of the `k` largest of one row of logits (fewer only when it
+    holds NaNs), in no order."""
+    library = _library()
+    if library is None:
+        raise RuntimeError("service/backends/native/sampler.c was not built")
+    line = np.ascontiguousarray(line, dtype=np.float32)
+    k = max(0, min(k, len(line)))
+    ids = np.empty(k, dtype=np.int32)
+    values = np.empty(k, dtype=np.float32)
+    found = library.top_k_row(line.ctypes.data, len(line), k, ids.ctypes.data, values.ctypes.data)
+    if found < 0:
+        raise MemoryError("the top-k could not allocate its scratch space")
+    return ids[:found], values[:found]
 
 
 class StepDraws:
