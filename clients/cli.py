@@ -53,6 +53,20 @@ def _metadata(args: argparse.Namespace) -> list[tuple[str, str]]:
     return metadata
 
 
+# Flags copied to the request's field of the same name when given.
+_SAMPLING_FLAGS = (
+    "max_tokens",
+    "temperature",
+    "top_p",
+    "top_k",
+    "min_p",
+    "repeat_penalty",
+    "presence_penalty",
+    "frequency_penalty",
+    "seed",
+)
+
+
 def _generate_request(args: argparse.Namespace) -> pb.GenerateRequest:
     request = pb.GenerateRequest(model=args.model, stop=args.stop)
     if args.grammar is not None:
@@ -65,7 +79,7 @@ def _generate_request(args: argparse.Namespace) -> pb.GenerateRequest:
         request.messages.append(pb.ChatMessage(role="user", content=args.prompt))
     else:
         request.prompt = args.prompt
-    for name in ("max_tokens", "temperature", "top_p", "top_k", "seed"):
+    for name in _SAMPLING_FLAGS:
         value = getattr(args, name)
         if value is not None:
             setattr(request, name, value)
@@ -248,6 +262,10 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument("--temperature", type=float)
     gen.add_argument("--top-p", type=float)
     gen.add_argument("--top-k", type=int)
+    gen.add_argument("--min-p", type=float)
+    gen.add_argument("--repeat-penalty", type=float, help="1 is off")
+    gen.add_argument("--presence-penalty", type=float, help="in [-2, 2]; 0 is off")
+    gen.add_argument("--frequency-penalty", type=float, help="in [-2, 2]; 0 is off")
     gen.add_argument("--seed", type=int)
     gen.add_argument("--stop", action="append", default=[], help="stop sequence; repeatable")
     gen.add_argument("--json", action="store_true", help="print each event as one JSON line")

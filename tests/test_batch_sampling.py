@@ -40,6 +40,8 @@ def params(**overrides: float) -> SamplingParams:
         "min_p": 0.05,
         "repeat_penalty": 1.0,
         "seed": 11,
+        "presence_penalty": 0.0,
+        "frequency_penalty": 0.0,
     }
     values.update(overrides)
     return SamplingParams(**values)  # type: ignore[arg-type]
@@ -54,9 +56,13 @@ def llama_cpp_draws(
     def add(sampler: object) -> None:
         llama_cpp.llama_sampler_chain_add(chain, sampler)
 
-    if sampling.repeat_penalty != 1.0:
+    if sampling.penalized:
         penalties = llama_cpp.llama_sampler_init_penalties(
-            VOCAB, PENALTY_WINDOW, sampling.repeat_penalty, 0.0, 0.0
+            VOCAB,
+            PENALTY_WINDOW,
+            sampling.repeat_penalty,
+            sampling.frequency_penalty,
+            sampling.presence_penalty,
         )
         for token in recent:
             llama_cpp.llama_sampler_accept(penalties, token)
@@ -117,9 +123,9 @@ def same_distribution_z(first: Counter[int], second: Counter[int]) -> float:
 
 
 CASES = {
-    "defaults": (params(), 0.0, []),
-    "hot and wide": (params(temperature=1.4, top_p=0.9, top_k=200, min_p=0.0), 0.0, []),
-    "min-p decides": (params(temperature=0.9, top_p=1.0, top_k=60, min_p=0.03), 0.0, []),
+    "defaults": (params(), 0.0, ""),
+    "hot and wide": (params(temperature=1.4, top_p=0.9, top_k=200, min_p=0.0), 0.0, ""),
+    "min-p decides": (params(temperature=0.9, top_p=1.0, top_k=60, min_p=0.03), 0.0, ""),
     "repetition penalty, positive logits": (
         params(repeat_penalty=1.5, min_p=0.0),
         0.0,
@@ -130,14 +136,30 @@ CASES = {
         -12.0,
         "top",
     ),
+    "presence and frequency penalties, tokens repeated": (
+        params(presence_penalty=0.7, frequency_penalty=0.4, repeat_penalty=1.1, min_p=0.0),
+        0.0,
+        "repeated",
+    ),
 }
+
+
+def recent_tokens(logits: np.ndarray, kind: str) -> list[int]:
+    """The window the penalties read: none, some of the best tokens once each, or the
+    best few up to four times each (so counts matter)."""
+    best = [int(t) for t in np.argsort(-logits)]
+    if kind == "top":
+        return best[:PENALTY_WINDOW:3]
+    if kind == "repeated":
+        return [token for rank, token in enumerate(best[:12]) for _ in range(1 + rank % 4)]
+    return []
 
 
 @pytest.mark.parametrize("case", list(CASES))
 def test_the_same_settings_give_llama_cpps_distribution(case: str) -> None:
     sampling, shift, recent_kind = CASES[case]
     logits = fixed_logits(shift)
-    recent = [int(t) for t in np.argsort(-logits)[:PENALTY_WINDOW:3]] if recent_kind else []
+    recent = recent_tokens(logits, recent_kind)
     ours = our_draws(logits, sampling, recent)
     theirs = llama_cpp_draws(logits, sampling, recent)
     assert len(ours) >= 4  # a real distribution, not one token
@@ -180,6 +202,9 @@ def test_settings_llama_cpp_keeps() -> None:
     assert not batchable(params(top_k=0))  # the whole vocabulary
     assert not batchable(params(top_k=MAX_TOP_K + 1))
     assert not batchable(params(repeat_penalty=0.8))  # raises tokens from anywhere
+    assert batchable(params(presence_penalty=1.0, frequency_penalty=0.5))
+    assert not batchable(params(presence_penalty=-0.5))
+    assert not batchable(params(frequency_penalty=-0.1))
 
 
 def masked_logits(allowed_share: float, seed: int) -> np.ndarray:
@@ -220,6 +245,7 @@ def test_a_draw_among_the_best_is_the_draw_among_all_or_undecided() -> None:
             top_p=float(generator.choice([1.0, 0.9, 0.5])),
             min_p=float(generator.choice([0.0, 0.1])),
             repeat_penalty=float(generator.choice([1.0, 1.5])),
+            frequency_penalty=float(generator.choice([0.0, 0.6])),
         )
         row = Row(sampling, case, np.argsort(-raw)[:PENALTY_WINDOW:2].tolist())
         allowed = np.flatnonzero(np.isfinite(logits)).astype(np.int32)

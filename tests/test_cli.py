@@ -47,6 +47,23 @@ def test_chat_flag_sends_messages(
     assert lines[-1]["finished"]["finishReason"] == "FINISH_REASON_END_OF_TURN"
 
 
+def test_penalties_reach_the_sampler(
+    server: RunningServer, capsys: pytest.CaptureFixture[str]
+) -> None:
+    argv = ["--target", server.target, "generate", "--model", GEMMA, "--temperature", "0"]
+    prompt = "red, blue, red, blue, red, blue, red, blue,"
+    texts = []
+    # Positive penalties go through the batched sampler; negative ones, which raise
+    # recent tokens, through llama.cpp's chain.
+    for flags in ([], ["--frequency-penalty", "2"], ["--presence-penalty", "-2"]):
+        assert main([*argv, "--max-tokens", "8", *flags, prompt]) == 0
+        texts.append(capsys.readouterr().out)
+    assert texts[0].count("red") > texts[1].count("red")
+    assert texts[2] == texts[0]  # the pattern only grows likelier
+    assert main([*argv, "--presence-penalty", "3", prompt]) == 2
+    assert "presence_penalty must be in [-2, 2]" in capsys.readouterr().err
+
+
 def test_errors_print_the_status_and_exit_nonzero(
     server: RunningServer, capsys: pytest.CaptureFixture[str]
 ) -> None:

@@ -93,6 +93,9 @@ def test_undecodable_bytes_are_invalid_argument(
         ({"min_p": float("-inf")}, "min_p must be a finite number"),
         ({"repeat_penalty": float("inf")}, "repeat_penalty must be a finite number"),
         ({"repeat_penalty": 11.0}, "repeat_penalty must be in (0, 10]"),
+        ({"presence_penalty": float("nan")}, "presence_penalty must be a finite number"),
+        ({"presence_penalty": 2.5}, "presence_penalty must be in [-2, 2]"),
+        ({"frequency_penalty": -3.0}, "frequency_penalty must be in [-2, 2]"),
     ],
 )
 def test_sampling_numbers_must_be_finite_and_in_range(
@@ -107,6 +110,12 @@ def test_sampling_numbers_must_be_finite_and_in_range(
 def test_the_bounds_of_the_ranges_are_served(stub: pb_grpc.InferenceStub) -> None:
     request = pb.GenerateRequest(prompt="Hi", max_tokens=2, temperature=2.0, repeat_penalty=10)
     assert finished_of(collect(stub.Generate(request, timeout=60))).usage.completion_tokens == 2
+    for penalty in (-2.0, 2.0):
+        request = pb.GenerateRequest(
+            prompt="Hi", max_tokens=2, presence_penalty=penalty, frequency_penalty=penalty
+        )
+        finished = finished_of(collect(stub.Generate(request, timeout=60)))
+        assert finished.usage.completion_tokens == 2
 
 
 def test_a_role_the_template_does_not_know_is_invalid_argument(

@@ -66,7 +66,9 @@ def reference(checkpoint: Path) -> Any:
     return load(str(checkpoint))[0]
 
 
-def params(temperature: float = 0.0, seed: int = 0, repeat_penalty: float = 1.0) -> SamplingParams:
+def params(
+    temperature: float = 0.0, seed: int = 0, repeat_penalty: float = 1.0, **penalties: float
+) -> SamplingParams:
     return SamplingParams(
         temperature=temperature,
         top_p=1.0,
@@ -74,6 +76,7 @@ def params(temperature: float = 0.0, seed: int = 0, repeat_penalty: float = 1.0)
         min_p=0.0,
         repeat_penalty=repeat_penalty,
         seed=seed,
+        **penalties,
     )
 
 
@@ -142,10 +145,10 @@ def run_checkpoint(path: Path, prompt_ids: list[int]) -> Run:
 
 
 def mlx_lm_greedy(
-    model: Any, prompt_ids: list[int], count: int, repetition_penalty: float | None = None
+    model: Any, prompt_ids: list[int], count: int, **penalties: float | int
 ) -> list[int]:
     """What mlx-lm itself generates greedily after the prompt, from an empty cache."""
-    processors = make_logits_processors(repetition_penalty=repetition_penalty)
+    processors = make_logits_processors(**penalties)  # type: ignore[arg-type]
     steps = generate_step(
         mx.array(prompt_ids),
         model,
@@ -261,6 +264,25 @@ def test_repetition_penalty_counts_the_cached_prefix(backend: MlxLmBackend, refe
     assert penalized.cached == len(prompt) - 1
     assert penalized.token_ids == expected
     assert expected != until_end(backend, mlx_lm_greedy(reference, prompt, 12))
+
+
+def test_presence_and_frequency_penalties_are_mlx_lms(
+    backend: MlxLmBackend, reference: Any
+) -> None:
+    prompt = backend.tokenize("red, yellow and blue. red, yellow and", add_bos=False)
+    sampling = params(presence_penalty=1.5, frequency_penalty=0.8)
+    penalized = run(backend, prompt, sampling=sampling)
+    expected = mlx_lm_greedy(
+        reference,
+        prompt,
+        12,
+        presence_penalty=1.5,
+        presence_context_size=20,
+        frequency_penalty=0.8,
+        frequency_context_size=20,
+    )
+    assert penalized.token_ids == until_end(backend, expected)
+    assert expected != mlx_lm_greedy(reference, prompt, 12)
 
 
 def test_token_bytes_join_into_the_text(backend: MlxLmBackend) -> None:

@@ -86,6 +86,12 @@ def test_the_numpy_search_finds_the_k_largest(rows: int, vocab: int, k: int) -> 
     assert np.array_equal(np.take_along_axis(logits, ids, axis=1), values)
 
 
+def _window(best: np.ndarray, generator: np.random.Generator) -> list[int]:
+    """Recent tokens among a row's best, some of them more than once."""
+    window: list[int] = generator.choice(best[:24], size=PENALTY_WINDOW).tolist()
+    return window
+
+
 def _random_settings(generator: np.random.Generator, draw: int) -> SamplingParams:
     return SamplingParams(
         temperature=float(generator.choice([0.0, 0.3, 0.8, 1.5])),
@@ -94,6 +100,8 @@ def _random_settings(generator: np.random.Generator, draw: int) -> SamplingParam
         min_p=float(generator.choice([0.0, 0.05, 0.3])),
         repeat_penalty=float(generator.choice([1.0, 1.0, 1.3])),
         seed=draw,
+        presence_penalty=float(generator.choice([0.0, 0.0, 0.8])),
+        frequency_penalty=float(generator.choice([0.0, 0.0, 0.35])),
     )
 
 
@@ -103,7 +111,7 @@ def test_the_same_tokens_as_numpy_for_the_same_numbers(vocab: int) -> None:
     logits = _logits(200, vocab, vocab + 1)
     best = np.argsort(-logits, axis=1)[:, :PENALTY_WINDOW]
     rows = [
-        Row(_random_settings(generator, i), i, best[i, generator.integers(0, 3) :: 3].tolist())
+        Row(_random_settings(generator, i), i, _window(best[i], generator))
         for i in range(len(logits))
     ]
     draws = batch_sampling.native_draws(logits, rows)

@@ -74,7 +74,7 @@ build_native() {
     local suffix native=$root/service/backends/native
     suffix=$("$python" -c 'import sysconfig; print(sysconfig.get_config_var("EXT_SUFFIX"))')
     cc -O2 -shared -fPIC -o "$native/_log_filter$suffix" "$native/log_filter.c"
-    cc -O3 -shared -fPIC -o "$native/_sampler$suffix" "$native/sampler.c" -lm
+    cc -O3 -ffp-contract=off -shared -fPIC -o "$native/_sampler$suffix" "$native/sampler.c" -lm
 }
 
 install_deps

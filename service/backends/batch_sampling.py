@@ -51,8 +51,8 @@ Tokens = npt.NDArray[np.int32]
 
 def batchable(params: SamplingParams) -> bool:
     """Whether this request's settings are sampled here rather than by llama.cpp."""
-    if params.repeat_penalty < 1.0:  # raises repeated tokens from anywhere in the row
-        return False
+    if params.repeat_penalty < 1.0 or params.presence_penalty < 0 or params.frequency_penalty < 0:
+        return False  # raises repeated tokens from anywhere in the row
     return params.temperature == 0 or 0 < params.top_k <= MAX_TOP_K
 
 
@@ -107,6 +107,8 @@ def native_settings(rows: Sequence[Row]) -> Doubles:
             row.params.top_p,
             row.params.min_p,
             row.params.repeat_penalty,
+            row.params.presence_penalty,
+            row.params.frequency_penalty,
             row.params.seed & 0xFFFFFFFF,
             row.draw & 0xFFFFFFFF,
         )
@@ -117,11 +119,11 @@ def native_settings(rows: Sequence[Row]) -> Doubles:
 def native_recent(rows: Sequence[Row]) -> Tokens | None:
     """Each row's recent tokens for sampler.c's repetition penalty (-1 pads), or None
     when no row has one."""
-    if all(row.params.repeat_penalty == 1.0 or not row.recent for row in rows):
+    if all(not row.params.penalized or not row.recent for row in rows):
         return None
     recent = np.full((len(rows), PENALTY_WINDOW), -1, dtype=np.int32)
     for i, row in enumerate(rows):
-        if row.params.repeat_penalty != 1.0 and row.recent:
+        if row.params.penalized and row.recent:
             window = row.recent[-PENALTY_WINDOW:]
             recent[i, : len(window)] = window
     return recent
@@ -130,7 +132,7 @@ def native_recent(rows: Sequence[Row]) -> Tokens | None:
 def candidates_needed(settings: Sequence[SamplingParams]) -> int:
     """How many of each row's best logits the draws of these settings can reach."""
     widest = max(_candidates_wanted(params) for params in settings)
-    penalized = any(params.repeat_penalty != 1.0 for params in settings)
+    penalized = any(params.penalized for params in settings)
     return widest + (PENALTY_WINDOW if penalized else 0)
 
 
@@ -138,7 +140,7 @@ def sample_candidates(ids: Ints, values: Floats, rows: Sequence[Row]) -> list[in
     """One token for each row, from its best `candidates_needed` logits (ids and
     values, a row each, in any order)."""
     values = values.copy()  # the penalty writes here; the caller's may be llama.cpp's
-    if any(row.params.repeat_penalty != 1.0 for row in rows):
+    if any(row.params.penalized for row in rows):
         _apply_penalties(ids, values, rows)
     order = np.argsort(-values, axis=1, kind="stable")
     ids = np.take_along_axis(ids, order, axis=1)
@@ -162,7 +164,7 @@ def draw_among(ids: Tokens, values: Floats, floor: float, row: Row) -> int | Non
     unknown ones weigh nothing or that much, the draw is still decided.
     """
     penalized = values.astype(np.float32)[None, :]
-    if row.params.repeat_penalty != 1.0 and row.recent:
+    if row.params.penalized and row.recent:
         _apply_penalties(ids.astype(np.int64)[None, :], penalized, [row])
     above = np.flatnonzero(penalized[0] > floor)
     if not len(above):
@@ -215,18 +217,24 @@ def candidates_in_blocks(logits: Floats, chosen: Ints, k: int) -> tuple[Ints, Fl
 
 
 def _apply_penalties(ids: Ints, values: Floats, rows: Sequence[Row]) -> None:
-    """llama.cpp's repetition penalty: a recent token's logit is divided by the
-    penalty when positive, multiplied when not. With a penalty of at least 1 a
-    logit only falls, so the best after it are among the best before it, give or
-    take the window's tokens, which is why the window widens the candidates."""
+    """llama.cpp's penalties on recent tokens: a recent token's logit is divided by the
+    repetition penalty when positive, multiplied when not, then lowered by the presence
+    penalty and by the frequency penalty times its count (in float32, as llama.cpp).
+    With penalties that only lower logits the best after them are among the best
+    before, give or take the window's tokens, which is why the window widens the
+    candidates."""
     for i, row in enumerate(rows):
-        penalty = row.params.repeat_penalty
-        if penalty == 1.0 or not row.recent:
+        params = row.params
+        if not params.penalized or not row.recent:
             continue
-        recent = np.asarray(row.recent[-PENALTY_WINDOW:], dtype=np.int64)
-        hit = np.isin(ids[i], recent)
+        tokens, counts = np.unique(np.asarray(row.recent[-PENALTY_WINDOW:]), return_counts=True)
+        where = np.minimum(np.searchsorted(tokens, ids[i]), len(tokens) - 1)
+        hit = tokens[where] == ids[i]
         hit_values = values[i, hit]
-        values[i, hit] = np.where(hit_values <= 0, hit_values * penalty, hit_values / penalty)
+        repeat = np.float32(params.repeat_penalty)
+        hit_values = np.where(hit_values <= 0, hit_values * repeat, hit_values / repeat)
+        additive = counts[where[hit]].astype(np.float32) * np.float32(params.frequency_penalty)
+        values[i, hit] = hit_values - (additive + np.float32(params.presence_penalty))
 
 
 def _kept_counts(values: Doubles, rows: Sequence[Row]) -> Ints:

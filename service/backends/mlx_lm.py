@@ -201,7 +201,7 @@ class MlxLmBackend:
                 min_p=sampling.min_p,
                 top_k=sampling.top_k,
             ),
-            logits_processors=_penalties(prompt[:start], sampling.repeat_penalty),
+            logits_processors=_penalties(prompt[:start], sampling),
             prompt_cache=self._cache,
         )
         self._cache_ids = []  # should generate_step fail, the cache holds an unknown prefix
@@ -284,11 +284,16 @@ def _trim(cache: list[Any], count: int) -> bool:
     return bool(trimmed == count)
 
 
-def _penalties(cached: Sequence[int], penalty: float) -> list[LogitsProcessor] | None:
-    if penalty == 1.0:
+def _penalties(cached: Sequence[int], sampling: SamplingParams) -> list[LogitsProcessor] | None:
+    if not sampling.penalized:
         return None
     processors = make_logits_processors(
-        repetition_penalty=penalty, repetition_context_size=_REPETITION_CONTEXT
+        repetition_penalty=sampling.repeat_penalty if sampling.repeat_penalty != 1.0 else None,
+        repetition_context_size=_REPETITION_CONTEXT,
+        presence_penalty=sampling.presence_penalty,
+        presence_context_size=_REPETITION_CONTEXT,
+        frequency_penalty=sampling.frequency_penalty,
+        frequency_context_size=_REPETITION_CONTEXT,
     )
     history = cached[-_REPETITION_CONTEXT:]
     if not history:

@@ -29,6 +29,10 @@ MAX_ROLE_CHARS = 64
 # and repetition penalties past MAX_REPEAT_PENALTY only ever pick the rarest tokens.
 MAX_TEMPERATURE = 2.0
 MAX_REPEAT_PENALTY = 10.0
+# Presence and frequency penalties: OpenAI's range.
+MAX_ADDITIVE_PENALTY = 2.0
+_FRACTIONS = ("temperature", "top_p", "min_p")
+_ADDITIVE_PENALTIES = ("presence_penalty", "frequency_penalty")
 # The function names OpenAI-style clients allow; every tool-call convention we
 # parse can write them (FunctionGemma's needs an identifier, hence no dots).
 TOOL_NAME = re.compile(r"[A-Za-z0-9_-]{1,64}")
@@ -177,6 +181,18 @@ class SamplingParams:
     min_p: float
     repeat_penalty: float
     seed: int
+    # Subtracted from the logits of recent tokens: once each, and once per occurrence.
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+
+    @property
+    def penalized(self) -> bool:
+        """Whether any penalty on recent tokens applies."""
+        return (
+            self.repeat_penalty != 1.0
+            or self.presence_penalty != 0.0
+            or self.frequency_penalty != 0.0
+        )
 
 
 @dataclass(frozen=True)
@@ -188,6 +204,8 @@ class SamplingDefaults:
     top_k: int = 40
     min_p: float = 0.05
     repeat_penalty: float = 1.0
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -200,6 +218,8 @@ class SamplingOverrides:
     min_p: float | None = None
     repeat_penalty: float | None = None
     seed: int | None = None
+    presence_penalty: float | None = None
+    frequency_penalty: float | None = None
 
     def resolve(self, defaults: SamplingDefaults) -> SamplingParams:
         return SamplingParams(
@@ -209,10 +229,12 @@ class SamplingOverrides:
             min_p=_pick(self.min_p, defaults.min_p),
             repeat_penalty=_pick(self.repeat_penalty, defaults.repeat_penalty),
             seed=_pick(self.seed, random.randrange(2**32)),
+            presence_penalty=_pick(self.presence_penalty, defaults.presence_penalty),
+            frequency_penalty=_pick(self.frequency_penalty, defaults.frequency_penalty),
         )
 
     def validate(self) -> None:
-        for name in ("temperature", "top_p", "min_p", "repeat_penalty"):
+        for name in (*_FRACTIONS, "repeat_penalty", *_ADDITIVE_PENALTIES):
             value = getattr(self, name)
             if value is not None and not math.isfinite(value):
                 raise InvalidRequest(f"{name} must be a finite number, got {value}")
@@ -232,6 +254,13 @@ class SamplingOverrides:
             raise InvalidRequest(
                 f"repeat_penalty must be in (0, {MAX_REPEAT_PENALTY:g}] (1 is off), got {penalty}"
             )
+        for name in _ADDITIVE_PENALTIES:
+            value = getattr(self, name)
+            if value is not None and not -MAX_ADDITIVE_PENALTY <= value <= MAX_ADDITIVE_PENALTY:
+                raise InvalidRequest(
+                    f"{name} must be in [-{MAX_ADDITIVE_PENALTY:g}, {MAX_ADDITIVE_PENALTY:g}] "
+                    f"(0 is off), got {value}"
+                )
 
 
 @dataclass(frozen=True)
@@ -296,6 +325,8 @@ class GenerationRequest:
                 min_p=optional("min_p"),
                 repeat_penalty=optional("repeat_penalty"),
                 seed=msg.seed if msg.HasField("seed") else None,
+                presence_penalty=optional("presence_penalty"),
+                frequency_penalty=optional("frequency_penalty"),
             ),
             tools=tuple(Tool.from_pb(tool) for tool in msg.tools),
             grammar=grammar,

@@ -86,7 +86,7 @@ class SamplerChain:
         # sequence of a step in one numpy call; llama.cpp's chain would first copy the
         # whole vocabulary into a candidate array (a third of a millisecond per token
         # for Gemma's 262k entries).
-        self.plain_greedy = params.temperature == 0 and params.repeat_penalty == 1.0 and not grammar
+        self.plain_greedy = params.temperature == 0 and not params.penalized and not grammar
         # Without a grammar, the common settings are sampled for the whole step at once
         # (service.backends.batch_sampling), and this chain is never built. With one,
         # they are drawn the same way from the candidates the grammar allows.
@@ -100,9 +100,8 @@ class SamplerChain:
         self._chain = llama_cpp.llama_sampler_chain_init(
             llama_cpp.llama_sampler_chain_default_params()
         )
-        if params.repeat_penalty != 1.0:
-            n_vocab = llama_cpp.llama_vocab_n_tokens(vocab)
-            self._add(_penalties(params.repeat_penalty, history, n_vocab))
+        if params.penalized:
+            self._add(_penalties(params, history, llama_cpp.llama_vocab_n_tokens(vocab)))
         if params.temperature == 0:
             self._add(llama_cpp.llama_sampler_init_greedy())
             return
@@ -115,7 +114,7 @@ class SamplerChain:
     def next_draw(self, recent: Sequence[int]) -> Row:
         """The batched sampler's view of this sequence's next draw (and counts it);
         `recent` ends with the sequence's latest tokens, prompt included."""
-        window = recent[-PENALTY_WINDOW:] if self.params.repeat_penalty != 1 else ()
+        window = recent[-PENALTY_WINDOW:] if self.params.penalized else ()
         row = Row(self.params, self.draws, window)
         self.draws += 1
         return row
@@ -303,10 +302,14 @@ def _check_token_ids(vocab: llama_cpp.llama_vocab_p, grammar: str) -> None:
 
 
 def _penalties(
-    repeat_penalty: float, history: Sequence[int], n_vocab: int
+    params: SamplingParams, history: Sequence[int], n_vocab: int
 ) -> llama_cpp.llama_sampler_p:
     sampler = llama_cpp.llama_sampler_init_penalties(
-        n_vocab, PENALTY_WINDOW, repeat_penalty, 0.0, 0.0
+        n_vocab,
+        PENALTY_WINDOW,
+        params.repeat_penalty,
+        params.frequency_penalty,
+        params.presence_penalty,
     )
     for token in history[-PENALTY_WINDOW:]:  # the prompt counts as recent text
         llama_cpp.llama_sampler_accept(sampler, token)

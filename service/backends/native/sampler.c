@@ -26,7 +26,18 @@ enum { SLACK = 8 };
 /* Columns per chunk whose maximum the first pass takes. */
 enum { CHUNK = 64 };
 /* A row's settings: a row of doubles, in this order (service/backends/native/sampler.py). */
-enum { TEMPERATURE, TOP_K, TOP_P, MIN_P, REPEAT_PENALTY, SEED, DRAW, SETTINGS };
+enum {
+    TEMPERATURE,
+    TOP_K,
+    TOP_P,
+    MIN_P,
+    REPEAT_PENALTY,
+    PRESENCE_PENALTY,
+    FREQUENCY_PENALTY,
+    SEED,
+    DRAW,
+    SETTINGS
+};
 
 typedef struct {
     float value;
@@ -280,18 +291,20 @@ static int64_t row_top_k(const float *line, int64_t columns, int64_t k, Candidat
     return keeper.count < k ? keeper.count : k;
 }
 
-/* llama.cpp's repetition penalty on the candidates: a recent token's logit divided by
-   the penalty when positive, multiplied when not (in float, as llama.cpp does). */
+/* llama.cpp's penalties on the candidates that occur among the recent tokens: the
+   logit divided by the repetition penalty when positive, multiplied when not, then
+   lowered by the presence penalty and by the frequency penalty times the count (in
+   float, as llama.cpp does; sampler.c is built without contracting to FMA, so the
+   numpy draw gets the same values). */
 static void penalize(Candidate *items, int64_t count, const int32_t *recent, int64_t window,
-                     float penalty) {
+                     float repeat, float presence, float frequency) {
     for (int64_t i = 0; i < count; i++) {
-        for (int64_t j = 0; j < window; j++) {
-            if (recent[j] == items[i].id) {
-                float value = items[i].value;
-                items[i].value = value <= 0 ? value * penalty : value / penalty;
-                break;
-            }
-        }
+        int occurrences = 0;
+        for (int64_t j = 0; j < window; j++) occurrences += recent[j] == items[i].id;
+        if (occurrences == 0) continue;
+        float value = items[i].value;
+        value = value <= 0 ? value * repeat : value / repeat;
+        items[i].value = value - ((float)occurrences * frequency + presence);
     }
 }
 
@@ -352,11 +365,11 @@ static double uniform(double seed, double draw) {
 /*
  * One token for each of `rows` rows of `columns` logits (rows `stride` floats apart)
  * into tokens[row], by that row's `settings` (SETTINGS doubles a row: temperature, 0
- * for greedy; top_k, at least 1; top_p; min_p; repeat_penalty; the request's seed
- * and which of its draws this is). `recent` holds `window` token ids a row (-1 for none): the tokens
- * the repetition penalty applies to; NULL when no row has a penalty. `widest` is the
- * largest top_k of any row. A row of NaNs gets token 0. Returns 0, or -1 when out of
- * memory.
+ * for greedy; top_k, at least 1; top_p; min_p; the repetition, presence and
+ * frequency penalties; the request's seed and which of its draws this is).
+ * `recent` holds `window` token ids a row (-1 for none): the tokens the penalties
+ * apply to; NULL when no row has a penalty. `widest` is the largest top_k of any
+ * row. A row of NaNs gets token 0. Returns 0, or -1 when out of memory.
  */
 int sample_rows(const float *logits, int64_t rows, int64_t columns, int64_t stride,
                 const double *settings, const int32_t *recent, int64_t window, int64_t widest,
@@ -374,8 +387,11 @@ int sample_rows(const float *logits, int64_t rows, int64_t columns, int64_t stri
         const double *own = settings + row * SETTINGS;
         const int greedy = own[TEMPERATURE] == 0;
         const int64_t top_k = greedy ? 1 : (int64_t)own[TOP_K];
-        const float penalty = (float)own[REPEAT_PENALTY];
-        const int penalized = recent != NULL && penalty != 1.0f;
+        const float repeat = (float)own[REPEAT_PENALTY];
+        const float presence = (float)own[PRESENCE_PENALTY];
+        const float frequency = (float)own[FREQUENCY_PENALTY];
+        const int penalized =
+            recent != NULL && (repeat != 1.0f || presence != 0.0f || frequency != 0.0f);
         int64_t width = top_k + (penalized ? window : 0);
         if (width > most) width = most;
         if (width < 1) width = 1;
@@ -384,7 +400,9 @@ int sample_rows(const float *logits, int64_t rows, int64_t columns, int64_t stri
             tokens[row] = 0;
             continue;
         }
-        if (penalized) penalize(items, found, recent + row * window, window, penalty);
+        if (penalized) {
+            penalize(items, found, recent + row * window, window, repeat, presence, frequency);
+        }
         int64_t ranked = top_k < found ? top_k : found;
         if (ranked < found) select_largest(items, found, ranked);
         sort_descending(items, ranked);

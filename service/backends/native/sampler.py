@@ -19,8 +19,8 @@ Ints = npt.NDArray[np.int64]
 Tokens = npt.NDArray[np.int32]
 
 # The columns of a row of settings, in sampler.c's order.
-TEMPERATURE, TOP_K, TOP_P, MIN_P, REPEAT_PENALTY, SEED, DRAW = range(7)
-SETTINGS = 7
+TEMPERATURE, TOP_K, TOP_P, MIN_P, REPEAT_PENALTY, PRESENCE, FREQUENCY, SEED, DRAW = range(9)
+SETTINGS = 9
 
 
 @cache
@@ -61,9 +61,10 @@ def top_k_row(line: Floats, k: int) -> tuple[Tokens, Floats]:
 class StepDraws:
     """One token per row of `logits` into `tokens`, by the matching row of `settings`
     (SETTINGS columns: TEMPERATURE, 0 for greedy; TOP_K, at least 1; TOP_P; MIN_P;
-    REPEAT_PENALTY; SEED and DRAW, the request's seed and which of its draws this is,
-    of which the draw's number comes as in batch_sampling.uniform). `recent` holds each row's
-    recent token ids (-1 pads), or is None when no row has a repetition penalty.
+    REPEAT_PENALTY, PRESENCE and FREQUENCY, the penalties; SEED and DRAW, the
+    request's seed and which of its draws this is, of which the draw's number comes
+    as in batch_sampling.uniform). `recent` holds each row's recent token ids (-1
+    pads), or is None when no row has a penalty.
 
     Set up once per step; `draw(begin, end)` then does a block of rows in C, without
     the GIL, so blocks on several threads run in parallel; `chosen()` is the tokens.

@@ -305,6 +305,23 @@ export declare type GenerateRequest = Message<"inference.v1.GenerateRequest"> & 
    * @generated from field: optional uint32 top_logprobs = 16;
    */
   topLogprobs?: number | undefined;
+
+  /**
+   * Subtracted once from the logit of each token among the last 64 (prompt
+   * included), in [-2, 2]; 0 disables it. As OpenAI's presence_penalty.
+   *
+   * @generated from field: optional float presence_penalty = 17;
+   */
+  presencePenalty?: number | undefined;
+
+  /**
+   * Subtracted from the logit of each token among the last 64 as many times
+   * as it occurs there, in [-2, 2]; 0 disables it. As OpenAI's
+   * frequency_penalty.
+   *
+   * @generated from field: optional float frequency_penalty = 18;
+   */
+  frequencyPenalty?: number | undefined;
 };
 
 /**
