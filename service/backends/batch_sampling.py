@@ -131,9 +131,13 @@ def native_recent(rows: Sequence[Row]) -> Tokens | None:
 
 def candidates_needed(settings: Sequence[SamplingParams]) -> int:
     """How many of each row's best logits the draws of these settings can reach."""
-    widest = max(_candidates_wanted(params) for params in settings)
-    penalized = any(params.penalized for params in settings)
-    return widest + (PENALTY_WINDOW if penalized else 0)
+    return max(row_candidates(params) for params in settings)
+
+
+def row_candidates(params: SamplingParams) -> int:
+    """How many of a row's best logits its draw can reach: the top-k, and the recent
+    tokens a penalty may push below others."""
+    return _candidates_wanted(params) + (PENALTY_WINDOW if params.penalized else 0)
 
 
 def sample_candidates(ids: Ints, values: Floats, rows: Sequence[Row]) -> list[int]:
