@@ -19,8 +19,10 @@ from __future__ import annotations
 import ctypes
 import re
 import threading
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, fields, replace
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -30,13 +32,14 @@ import numpy.typing as npt
 from llama_cpp._internals import LlamaContext, LlamaModel
 
 from service.backends.base import ActiveSequence, Sampled, SequenceRequest
-from service.backends.batch_sampling import Row
+from service.backends.batch_sampling import PENALTY_WINDOW, Row
 from service.backends.failure import load_refused
 from service.backends.llama_cpp import log as llama_log  # also routes llama.cpp's log, on import
 from service.backends.llama_cpp.batch import Batch, Chunk
 from service.backends.llama_cpp.kv_slots import Placement, Slot, SlotTable
 from service.backends.llama_cpp.logprobs import token_logprob
-from service.backends.llama_cpp.sampling import SamplerChain, SamplingRefused
+from service.backends.llama_cpp.own_draws import OwnDraws
+from service.backends.llama_cpp.sampling import Logits, SamplerChain, SamplingRefused
 from service.backends.names import FlashAttention, KvLayout
 from service.backends.row_threads import RowThreads
 from service.errors import BackendFailure
@@ -177,7 +180,9 @@ class LlamaCppBackend:
         self._rows = RowThreads(options.threads)
         # Cells of parked finished sequences, by sequence id (see kv_slots).
         self._parked: dict[int, ctypes.Array[ctypes.c_uint8]] = {}
-        self._piece_buffer = ctypes.create_string_buffer(256)
+        # token_bytes runs on the own-draw threads too (for logprobs): a buffer each.
+        self._pieces = threading.local()
+        self._own_draws: OwnDraws[LlamaSequence] = OwnDraws()
         self._closed = threading.Event()
 
     @property
@@ -230,7 +235,9 @@ class LlamaCppBackend:
         return [int(token) for token in ids]
 
     def token_bytes(self, token_id: int) -> bytes:
-        buffer = self._piece_buffer
+        buffer = getattr(self._pieces, "buffer", None)
+        if buffer is None:
+            buffer = self._pieces.buffer = ctypes.create_string_buffer(256)
         size = llama_cpp.llama_token_to_piece(self._vocab, token_id, buffer, len(buffer), 0, False)
         if size < 0:  # the buffer is too small for this piece
             buffer = ctypes.create_string_buffer(-size)
@@ -264,21 +271,68 @@ class LlamaCppBackend:
         if self._closed.is_set():
             raise RuntimeError("this llama.cpp model was closed")
         own = [_own(sequence) for sequence in sequences]
+        sampled = self._collect_own_draws(own)
         # In sequence id order: with per-sequence caches llama.cpp evaluates each run
         # of consecutive ids in a forward pass of its own.
         chunks = sorted(self._plan_step(own).items(), key=lambda item: item[1].seq_id)
+        if not chunks:  # every sequence waits for a draw of its own
+            if not sampled:
+                self._own_draws.wait_for_any(own)
+                sampled = self._collect_own_draws(own)
+            return [sampled.get(sequence) for sequence in own]
         self._batch.fill([chunk for _, chunk in chunks])
         before_compute()
+        started = time.perf_counter()
         outputs = self._batch.decode(self._context.ctx)
+        decoded = time.perf_counter()
         ready: list[tuple[LlamaSequence, int]] = []
         for (sequence, chunk), output in zip(chunks, outputs, strict=True):
             sequence.slot.tokens.extend(chunk.tokens)
             del sequence.pending[: len(chunk.tokens)]
             if output >= 0:
                 ready.append((sequence, output))
+        drawing = self._start_own_draws(ready)
         chosen = self._greedy_tokens(ready) | self._batched_tokens(ready)
-        sampled = {seq: self._sample(seq, output, chosen.get(seq)) for seq, output in ready}
+        for sequence, output in ready:
+            if sequence in chosen:
+                sampled[sequence] = self._sampled(sequence, chosen[sequence], output)
+        # An own draw may hold the step up by its share of the forward pass, no more.
+        share = (decoded - started) / len(chunks)
+        self._own_draws.wait(drawing, decoded + share - time.perf_counter())
+        sampled |= self._collect_own_draws(own)
         return [sampled.get(sequence) for sequence in own]
+
+    def _start_own_draws(self, ready: list[tuple[LlamaSequence, int]]) -> list[LlamaSequence]:
+        """Start the draws of the sequences with a sampler of their own (see own_draws),
+        on copies of their logits; those sequences."""
+        started = []
+        for sequence, output in ready:
+            if sequence.sampler.plain_greedy or sequence.sampler.batched:
+                continue
+            pointer = llama_cpp.llama_get_logits_ith(self._context.ctx, output)
+            logits = np.ctypeslib.as_array(pointer, shape=(self._n_vocab,)).copy()
+            recent = sequence.slot.tokens[-PENALTY_WINDOW:]
+            self._own_draws.start(sequence, partial(self._own_draw, sequence, logits, recent))
+            started.append(sequence)
+        return started
+
+    def _own_draw(self, sequence: LlamaSequence, logits: Logits, recent: list[int]) -> Sampled:
+        """One sequence's draw by its own sampler, on an own-draw thread."""
+        try:
+            token = sequence.sampler.sample(logits, recent)
+        except SamplingRefused as refusal:
+            return Sampled(-1, refused=refusal)
+        if sequence.top_logprobs is None:
+            return Sampled(token)
+        return Sampled(token, token_logprob(logits, token, sequence.top_logprobs, self.token_bytes))
+
+    def _collect_own_draws(self, own: list[LlamaSequence]) -> dict[LlamaSequence, Sampled]:
+        """These sequences' own draws that are done; they decode the token next."""
+        done = self._own_draws.collect(own)
+        for sequence, sampled in done.items():
+            if sampled.refused is None:
+                sequence.pending, sequence.decoding = [sampled.token], True
+        return done
 
     def _greedy_tokens(self, ready: list[tuple[LlamaSequence, int]]) -> dict[LlamaSequence, int]:
         """The argmax of every plain-greedy sequence's logits, in one numpy call.
@@ -314,27 +368,20 @@ class LlamaCppBackend:
         pointer = llama_cpp.llama_get_logits(self._context.ctx)
         return np.ctypeslib.as_array(pointer, shape=(outputs, self._n_vocab))
 
-    def _sample(self, sequence: LlamaSequence, output: int, chosen: int | None) -> Sampled:
-        # Logprobs read the raw logits, which sampling leaves as they are.
-        context = self._context.ctx
-        try:
-            token = (
-                sequence.sampler.sample(context, output, sequence.slot.tokens)
-                if chosen is None
-                else chosen
-            )
-        except SamplingRefused as refusal:
-            return Sampled(-1, refused=refusal)
+    def _sampled(self, sequence: LlamaSequence, token: int, output: int) -> Sampled:
+        """A token drawn for the whole step, with its logprobs when asked for (from the
+        raw logits, which sampling leaves as they are)."""
         sequence.pending, sequence.decoding = [token], True
         if sequence.top_logprobs is None:
             return Sampled(token)
         logits = np.ctypeslib.as_array(
-            llama_cpp.llama_get_logits_ith(context, output), shape=(self._n_vocab,)
+            llama_cpp.llama_get_logits_ith(self._context.ctx, output), shape=(self._n_vocab,)
         )
         return Sampled(token, token_logprob(logits, token, sequence.top_logprobs, self.token_bytes))
 
     def finish(self, sequence: ActiveSequence) -> None:
         own = _own(sequence)
+        self._own_draws.settle(own)
         own.sampler.close()
         if self._closed.is_set():
             return  # the cache went with the context
@@ -351,6 +398,7 @@ class LlamaCppBackend:
     def close(self) -> None:
         if not self._closed.is_set():
             self._closed.set()
+            self._own_draws.close()
             self._rows.close()
             self._batch.close()
             self._context.close()
@@ -359,12 +407,14 @@ class LlamaCppBackend:
     def _plan_step(self, sequences: list[LlamaSequence]) -> dict[LlamaSequence, Chunk]:
         """This step's chunk per sequence: one token for each decoding sequence
         first, then prompt chunks in arrival order with what room is left."""
-        decoding = [sequence for sequence in sequences if sequence.decoding]
+        decoding = [s for s in sequences if s.decoding and not self._own_draws.running(s)]
         room = self._batch.capacity - len(decoding)
         if decoding:
             room = min(room, self._options.prefill_chunk)
         chunks: dict[LlamaSequence, Chunk] = {}
         for sequence in sequences:
+            if self._own_draws.running(sequence):
+                continue  # its next token is still being drawn
             take = 1 if sequence.decoding else min(len(sequence.pending), room)
             if take == 0:
                 continue

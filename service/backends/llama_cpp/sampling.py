@@ -65,6 +65,8 @@ GRAMMAR_STEP_SECONDS = 2.0
 # How many of a row's best logits a grammar is tried on before the whole vocabulary.
 GRAMMAR_FIRST_TRIES = (256, 8192)
 
+Logits = npt.NDArray[np.float32]
+
 # llama_token_data, as numpy lays it out: the candidates handed to llama.cpp.
 _TOKEN_DATA = np.dtype([("id", np.int32), ("logit", np.float32), ("p", np.float32)])
 
@@ -96,6 +98,7 @@ class SamplerChain:
         self.draws = 0  # tokens drawn so far: the batched sampler's counter
         self._grammar = None if grammar is None else _GrammarGuard(vocab, grammar)
         self._chain: llama_cpp.llama_sampler_p | None = None
+        self._whole: npt.NDArray[np.void] | None = None  # the chain's candidates, no grammar
         if self.plain_greedy or self.batched or (grammar is not None and batchable(params)):
             return
         self._chain = llama_cpp.llama_sampler_chain_init(
@@ -120,28 +123,31 @@ class SamplerChain:
         self.draws += 1
         return row
 
-    def sample(
-        self, context: llama_cpp.llama_context_p, output_index: int, recent: Sequence[int]
-    ) -> int:
-        """Sample from the logits of batch output `output_index`, and remember the choice;
+    def sample(self, logits: Logits, recent: Sequence[int]) -> int:
+        """Sample from one row of logits (a copy: the backend calls this off its own
+        thread, while the model computes the next step), and remember the choice;
         `recent` as for `next_draw`.
 
         Raises SamplingRefused when the grammar rules out every token, or takes
         too long to rule.
         """
-        if self._grammar is None:
-            assert self._chain is not None, "greedy and batched sequences have no chain"
-            return int(llama_cpp.llama_sampler_sample(self._chain, context, output_index))
         if self._chain is None:
-            token = self._grammar.draw(context, output_index, self.next_draw(recent))
+            assert self._grammar is not None, "greedy and batched rows are drawn per step"
+            token = self._grammar.draw(logits, self.next_draw(recent))
             self._grammar.accept(token)
             return token
-        candidates = self._grammar.whole_vocabulary(context, output_index)
+        if self._grammar is not None:
+            candidates = self._grammar.whole_vocabulary(logits)
+        else:
+            if self._whole is None:
+                self._whole = np.zeros(len(logits), dtype=_TOKEN_DATA)
+            candidates = _token_data(self._whole, np.arange(len(logits), dtype=np.int32), logits)
         llama_cpp.llama_sampler_apply(self._chain, ctypes.byref(candidates))
         if not 0 <= candidates.selected < candidates.size:
             raise SamplingRefused("the sampler chose no token the grammar allows")
         token = int(candidates.data[candidates.selected].id)
-        self._grammar.accept(token)
+        if self._grammar is not None:
+            self._grammar.accept(token)
         llama_cpp.llama_sampler_accept(self._chain, token)
         return token
 
@@ -170,12 +176,11 @@ class _GrammarGuard:
         self._tokens = 0
         self._on_pace = True  # whether the last ruling kept within GRAMMAR_STEP_SECONDS
 
-    def draw(self, context: llama_cpp.llama_context_p, output_index: int, row: Row) -> int:
+    def draw(self, logits: Logits, row: Row) -> int:
         """The batched sampler's draw (service.backends.batch_sampling) among the tokens
         the grammar allows: tried on the row's best logits first, and on the whole
         vocabulary only when those cannot decide it.
         SamplingRefused when the grammar allows no token, or took too long to rule."""
-        logits = self._logits(context, output_index)
         for width in GRAMMAR_FIRST_TRIES:
             if width < len(logits):
                 ids, values = best_of_row(logits, width)
@@ -198,33 +203,17 @@ class _GrammarGuard:
         assert token is not None, "the grammar allows a token: _apply checked"
         return token
 
-    def whole_vocabulary(
-        self, context: llama_cpp.llama_context_p, output_index: int
-    ) -> llama_cpp.llama_token_data_array:
+    def whole_vocabulary(self, logits: Logits) -> llama_cpp.llama_token_data_array:
         """The vocabulary with the model's logits, every token the grammar rules out at
         -inf, for the chain. SamplingRefused as for `draw`."""
-        return self._apply(self._ids, self._logits(context, output_index), whole=True)
-
-    def _logits(
-        self, context: llama_cpp.llama_context_p, output_index: int
-    ) -> npt.NDArray[np.float32]:
-        pointer = llama_cpp.llama_get_logits_ith(context, output_index)
-        return np.ctypeslib.as_array(pointer, shape=(len(self._ids),))
+        return self._apply(self._ids, logits, whole=True)
 
     def _apply(
         self, ids: npt.NDArray[np.int32], logits: npt.NDArray[np.float32], whole: bool = False
     ) -> llama_cpp.llama_token_data_array:
         size = len(ids)
         candidates = self._candidates[:size]
-        candidates["id"] = ids  # the chain sorted them last time
-        candidates["logit"] = logits
-        candidates["p"] = 0.0
-        array = llama_cpp.llama_token_data_array(
-            data=candidates.ctypes.data_as(llama_cpp.llama_token_data_p),
-            size=size,
-            selected=-1,
-            sorted=False,
-        )
+        array = _token_data(candidates, ids, logits)
         started = time.perf_counter()
         llama_cpp.llama_sampler_apply(self._sampler, ctypes.byref(array))
         self._on_pace = self._check_pace(time.perf_counter() - started, size)
@@ -264,6 +253,22 @@ class _GrammarGuard:
 
     def close(self) -> None:
         llama_cpp.llama_sampler_free(self._sampler)
+
+
+def _token_data(
+    buffer: npt.NDArray[np.void], ids: npt.NDArray[np.int32], logits: Logits
+) -> llama_cpp.llama_token_data_array:
+    """The candidates `ids` with their `logits`, written to `buffer` (llama_token_data
+    entries) and described for llama.cpp's samplers."""
+    buffer["id"] = ids  # a chain sorts them, so they are written again each time
+    buffer["logit"] = logits
+    buffer["p"] = 0.0
+    return llama_cpp.llama_token_data_array(
+        data=buffer.ctypes.data_as(llama_cpp.llama_token_data_p),
+        size=len(ids),
+        selected=-1,
+        sorted=False,
+    )
 
 
 def _check_cost(grammar: Grammar, vocabulary: int) -> None:
