@@ -1,12 +1,14 @@
-"""One llama.cpp sampler chain per sequence, for what the batched sampler
-(service.backends.batch_sampling) does not do: grammars, top-k of 0 or past
-1,024, a repetition penalty below 1.
+"""A sequence's own sampler, for what the batched sampler
+(service.backends.batch_sampling) does not do alone: a grammar (whose allowed
+tokens the batched sampler's rules then draw from), and settings only a
+llama.cpp chain handles (top-k of 0 or past 1,024, penalties that raise logits).
 
 Each such sequence in a batch samples on its own: its own parameters, its own
-random generator seeded from the request, its own repetition history and
-grammar state. A chain is created when the sequence starts and freed when it
-finishes. The order follows llama-cpp-python's own: penalties, grammar, then
-the truncations and the draw (or greedy at temperature 0).
+random generator, its own repetition history and grammar state, from a copy of
+its logits on a thread beside the step (service/backends/llama_cpp/own_draws.py).
+A chain is created when the sequence starts and freed when it finishes. Its order
+follows llama-cpp-python's own: penalties, grammar, then the truncations and the
+draw (or greedy at temperature 0).
 
 A grammar is applied apart from the chain, and checked before anything is
 drawn. Applying it to the whole vocabulary is what costs (about 45 ms a token
