@@ -276,6 +276,7 @@ class LlamaCppBackend:
         # of consecutive ids in a forward pass of its own.
         chunks = sorted(self._plan_step(own).items(), key=lambda item: item[1].seq_id)
         if not chunks:  # every sequence waits for a draw of its own
+            before_compute()  # what earlier steps made goes out meanwhile
             if not sampled:
                 self._own_draws.wait_for_any(own)
                 sampled = self._collect_own_draws(own)
