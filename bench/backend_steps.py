@@ -20,9 +20,22 @@ from bench.generate import short_prompt
 from service.backends.base import ActiveSequence, SequenceRequest
 from service.backends.llama_cpp import LlamaCppBackend, LlamaCppOptions
 from service.config import available_cores
-from service.text.requests import SamplingParams
+from service.text.requests import Grammar, SamplingParams
 
 GREEDY = SamplingParams(temperature=0, top_p=1, top_k=0, min_p=0, repeat_penalty=1, seed=0)
+
+
+def start_stream(
+    backend: LlamaCppBackend,
+    ids: list[int],
+    sampling: SamplingParams,
+    tokens: int,
+    grammar: Grammar | None = None,
+) -> ActiveSequence:
+    sequence = backend.start(SequenceRequest(tuple(ids), sampling, tokens, grammar=grammar))
+    if sequence is None:
+        raise SystemExit("the cache has no room for every stream: raise --context-size")
+    return sequence
 
 
 def backend_run(
@@ -33,12 +46,7 @@ def backend_run(
 ) -> tuple[float, int]:
     """Tokens/s and steps for every prompt decoded together, prefill included."""
     start = time.perf_counter()
-    running: list[ActiveSequence] = []
-    for ids in prompts:
-        sequence = backend.start(SequenceRequest(tuple(ids), sampling, tokens))
-        if sequence is None:
-            raise SystemExit("the cache has no room for every stream: raise --context-size")
-        running.append(sequence)
+    running = [start_stream(backend, ids, sampling, tokens) for ids in prompts]
     made = dict.fromkeys(running, 0)
     steps = 0
     while running:

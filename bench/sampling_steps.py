@@ -22,9 +22,9 @@ import statistics
 import time
 from pathlib import Path
 
-from bench.backend_steps import GREEDY, backend_run
+from bench.backend_steps import GREEDY, backend_run, start_stream
 from bench.generate import short_prompt
-from service.backends.base import ActiveSequence, SequenceRequest
+from service.backends.base import ActiveSequence
 from service.backends.llama_cpp import LlamaCppBackend, LlamaCppOptions
 from service.config import available_cores
 from service.decode.grammar import resolve_grammar
@@ -54,10 +54,7 @@ def with_json_row(
     again whenever its document ends, until every other has made `tokens` tokens."""
 
     def begin(ids: list[int], constraint: Grammar | None) -> ActiveSequence:
-        sequence = backend.start(SequenceRequest(tuple(ids), SAMPLED, tokens, grammar=constraint))
-        if sequence is None:
-            raise SystemExit("the cache has no room for every stream: raise --context-size")
-        return sequence
+        return start_stream(backend, ids, SAMPLED, tokens, constraint)
 
     start = time.perf_counter()
     constrained = begin(prompts[0], grammar)
