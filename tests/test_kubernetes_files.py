@@ -505,7 +505,11 @@ def test_envoy_prestop_hook_drains_envoy(objects, envoy_args, tmp_path) -> None:
         admin = admin_file.read_text().strip()
         listener = _get(f"http://{admin}/listeners").strip()  # grpc::127.0.0.1:PORT
         port = port_of(listener)
-        assert not _refuses(port)
+        # Listed is not yet accepting: Envoy's workers start the listener a moment later.
+        deadline = time.monotonic() + 5
+        while _refuses(port):
+            assert time.monotonic() < deadline, "the listener never opened"
+            time.sleep(0.05)
         hook = container(objects, "inference-envoy", "envoy")["lifecycle"]["preStop"]
         _python, flag, code, _admin, _seconds = hook["exec"]["command"]
         result = subprocess.run(

@@ -79,7 +79,8 @@ def test_the_others_decode_while_a_draw_of_its_own_runs(
         later = tokens_per_sequence(backend, everyone, 6)
         assert later[0]  # the draw's token arrived, and the sequence went on
         text = b"".join(backend.token_bytes(s.token) for s in later[0]).decode()
-        assert re.fullmatch(r"(yes|no)( (yes|no))*( ?(y|ye|n))?", text)  # the grammar's
+        # What the grammar allows, cut anywhere: "yes no", "yes ", "yes n", "y".
+        assert re.fullmatch(r"(yes|no)( (yes|no))*( (y|ye|n)?)?|y|ye|n", text)
         assert all(len(made) == 6 for made in later[1:])
     finally:
         gate.set()
