@@ -143,7 +143,7 @@ def row_candidates(params: SamplingParams) -> int:
 def sample_candidates(ids: Ints, values: Floats, rows: Sequence[Row]) -> list[int]:
     """One token for each row, from its best `candidates_needed` logits (ids and
     values, a row each, in any order)."""
-    values = values.copy()  # the penalty writes here; the caller's may be llama.cpp's
+    values = values.copy()  # the penalty writes here, not to the caller's array
     if any(row.params.penalized for row in rows):
         _apply_penalties(ids, values, rows)
     order = np.argsort(-values, axis=1, kind="stable")

@@ -100,8 +100,9 @@ class SamplerChain:
         self.draws = 0  # tokens drawn so far: the batched sampler's counter
         self._grammar = None if grammar is None else _GrammarGuard(vocab, grammar)
         self._chain: llama_cpp.llama_sampler_p | None = None
-        self._whole: npt.NDArray[np.void] | None = None  # the chain's candidates, no grammar
-        if self.plain_greedy or self.batched or (grammar is not None and batchable(params)):
+        # The chain's candidate buffer and their ids, when there is no grammar's.
+        self._whole: tuple[npt.NDArray[np.void], npt.NDArray[np.int32]] | None = None
+        if batchable(params):  # plain greedy, batched, or a grammar's allowed tokens
             return
         self._chain = llama_cpp.llama_sampler_chain_init(
             llama_cpp.llama_sampler_chain_default_params()
@@ -142,8 +143,9 @@ class SamplerChain:
             candidates = self._grammar.whole_vocabulary(logits)
         else:
             if self._whole is None:
-                self._whole = np.zeros(len(logits), dtype=_TOKEN_DATA)
-            candidates = _token_data(self._whole, np.arange(len(logits), dtype=np.int32), logits)
+                size = len(logits)
+                self._whole = np.zeros(size, dtype=_TOKEN_DATA), np.arange(size, dtype=np.int32)
+            candidates = _token_data(*self._whole, logits)
         llama_cpp.llama_sampler_apply(self._chain, ctypes.byref(candidates))
         if not 0 <= candidates.selected < candidates.size:
             raise SamplingRefused("the sampler chose no token the grammar allows")
