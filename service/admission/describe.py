@@ -12,15 +12,20 @@ config.json with num_hidden_layers "abc") gives a description whose `defect`
 says what is wrong. Admission turns both into a refusal with that reason.
 Both are cached by path, size and modification time, so asking again about
 the same broken file costs nothing.
+
+A split GGUF (NAME-00001-of-0000N.gguf and its parts beside it) is described
+from every part's header, as llama.cpp loads it: local files and a hub repo's
+alike go through `describe_gguf_parts`.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import re
 import stat
 from collections import Counter
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import lru_cache
 from pathlib import Path
@@ -29,12 +34,12 @@ from typing import Any, BinaryIO
 import gguf
 
 from service.admission.ggml_types import block_size, type_name
-from service.admission.gguf_checks import gguf_problem
+from service.admission.gguf_checks import gguf_problem, split_count_problem
 from service.admission.gguf_header import (
     GGUFArray,
     GGUFFormatError,
     GGUFHeader,
-    read_gguf_header,
+    join_parts,
     read_gguf_header_from,
 )
 from service.admission.quantization import (
@@ -43,6 +48,7 @@ from service.admission.quantization import (
     from_gguf_type_name,
 )
 from service.errors import excerpt
+from service.hub.files import SPLIT_GGUF
 from service.memory import cells_per_sequence
 
 KV_BYTES_PER_VALUE = 2  # f16 K and V caches, the default of both backends
@@ -88,39 +94,101 @@ class ModelDescription:
         return self.weights_bytes, self.kv_bytes_per_token * cells
 
 
+# A file as the cache knows it: its path, size and modification time.
+_Stamp = tuple[Path, int, int]
+
+
 def describe_gguf(path: Path) -> ModelDescription:
+    """A GGUF file's description; for the first part of a split GGUF, the whole model's,
+    from every part's header (llama.cpp opens the other parts beside the first)."""
+    paths = gguf_files(path)
     try:
-        status = path.stat()
-        if not stat.S_ISREG(status.st_mode):  # a FIFO would block the read for ever
-            raise UnreadableModel("the model is not a regular file")
-        result = _describe_gguf_cached(path, status.st_size, status.st_mtime_ns)
+        result = _describe_gguf_cached(tuple(_stamp(paths, index) for index in range(len(paths))))
     except OSError as exc:  # not cached: it may be gone by the next call
-        raise UnreadableModel(f"the model file cannot be read: {exc.strerror or exc}") from exc
+        index = next((i for i, part in enumerate(paths) if str(part) == exc.filename), 0)
+        which = _which([part.name for part in paths], index, "the model file")
+        raise UnreadableModel(f"{which} cannot be read: {exc.strerror or exc}") from exc
     if isinstance(result, str):
         raise UnreadableModel(result)
     return result
 
 
+def gguf_files(path: Path) -> list[Path]:
+    """The files llama.cpp opens for a GGUF: itself, or every part of a split one when
+    `path` names its first part. A later part is refused, as llama.cpp refuses it."""
+    match = SPLIT_GGUF.match(path.name)
+    if match is None or match["count"] == "00000":
+        return [path]
+    count = int(match["count"])
+    names = [f"{match['prefix']}-{part:05d}-of-{count:05d}.gguf" for part in range(1, count + 1)]
+    if path.name != names[0]:
+        raise UnreadableModel(
+            f"{excerpt(path.name)} is not the first part of a split GGUF: llama.cpp loads "
+            f"one from its first part, {excerpt(names[0])}"
+        )
+    return [path.with_name(name) for name in names]
+
+
+def _stamp(paths: Sequence[Path], index: int) -> _Stamp:
+    """The cache's key for one file: a missing part is an OSError, named by the caller."""
+    status = paths[index].stat()
+    if not stat.S_ISREG(status.st_mode):  # a FIFO would block the read for ever
+        which = _which([part.name for part in paths], index, "the model")
+        raise UnreadableModel(f"{which} is not a regular file")
+    return paths[index], status.st_size, status.st_mtime_ns
+
+
+def _which(names: Sequence[str], index: int, single: str) -> str:
+    """A file in a message: `single` for a whole model, else the part, by name."""
+    if len(names) == 1:
+        return single
+    return f"{excerpt(names[index])} (part {index + 1} of {len(names)} of a split GGUF)"
+
+
 @lru_cache(maxsize=64)
-def _describe_gguf_cached(path: Path, size: int, mtime_ns: int) -> ModelDescription | str:
-    """The description, or why the header cannot be read; both are cached."""
+def _describe_gguf_cached(files: tuple[_Stamp, ...]) -> ModelDescription | str:
+    """The description, or why a header cannot be read; both are cached, keyed by every
+    file's path, size and modification time. An OSError is not cached."""
+    names = [path.name for path, _, _ in files]
     try:
-        header = read_gguf_header(path)
-    except GGUFFormatError as exc:
-        return f"not a readable GGUF file: {exc}"
-    return _describe_header(header)
+        return describe_gguf_parts(names, lambda index: _read_local(files[index][0], names, index))
+    except UnreadableModel as exc:
+        return str(exc)
 
 
-def describe_gguf_from(file: BinaryIO, size: int) -> ModelDescription:
-    """A GGUF file's description from an open file of `size` bytes (a hub file read
-    by ranges); UnreadableModel when its header cannot be read."""
+def _read_local(path: Path, names: Sequence[str], index: int) -> GGUFHeader:
+    with path.open("rb", buffering=1 << 16) as file:
+        return read_gguf_part(file, os.fstat(file.fileno()).st_size, names, index)
+
+
+def describe_gguf_parts(
+    names: Sequence[str], read: Callable[[int], GGUFHeader]
+) -> ModelDescription:
+    """A GGUF model's description from the headers of its files, `read(index)` giving
+    that of `names[index]`: one file, or every part of a split one, first part first.
+    The first part's split.count is checked against the names before another part is
+    read, so a file that lies about its parts costs one header, not thousands."""
+    if not names:  # a name ending in -of-00000.gguf
+        raise UnreadableModel("a split GGUF's name says it has 0 parts")
+    first = read(0)
+    problem = split_count_problem(first, names)
+    if problem is not None:
+        return _describe_header(first, problem)
+    parts = [first, *(read(index) for index in range(1, len(names)))]
+    return _describe_header(join_parts(parts), gguf_problem(parts, names))
+
+
+def read_gguf_part(file: BinaryIO, size: int, names: Sequence[str], index: int) -> GGUFHeader:
+    """The header of `names[index]` from an open file of `size` bytes (a local file, or
+    a hub file read by ranges); UnreadableModel, naming the part, when it is broken."""
     try:
-        return _describe_header(read_gguf_header_from(file, size))
+        return read_gguf_header_from(file, size)
     except GGUFFormatError as exc:
-        raise UnreadableModel(f"not a readable GGUF file: {exc}") from exc
+        which = "" if len(names) == 1 else f"{_which(names, index, '')} is "
+        raise UnreadableModel(f"{which}not a readable GGUF file: {exc}") from exc
 
 
-def _describe_header(header: GGUFHeader) -> ModelDescription:
+def _describe_header(header: GGUFHeader, problem: str | None) -> ModelDescription:
     values = header.values
     arch = values.get("general.architecture")
     arch = arch if isinstance(arch, str) else ""
@@ -136,7 +204,7 @@ def _describe_header(header: GGUFHeader) -> ModelDescription:
         trained_context=_count(values.get(f"{arch}.context_length")),
         layer_count=_count(values.get(f"{arch}.block_count")),
         tensor_types=frozenset(counts),
-        defect=gguf_problem(header) or "",
+        defect=problem or "",
     )
 
 

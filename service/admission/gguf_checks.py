@@ -21,6 +21,12 @@ arrays of the wrong length made llama.cpp raise instead, which the backend
 reports; they are refused here too, with the numbers that disagree, so that
 a broken file is refused by Admit before anything is loaded.
 
+A split GGUF (NAME-00001-of-0000N.gguf and the parts beside it) is one model in
+N files: llama.cpp reads the first part's key-values and every part's tensors,
+after checking the split metadata (see `_split_problem`; a later part whose
+split.no is not a UINT16 aborts it). Each file's layout is checked against its
+own header and size, the model on all the parts' tensors together.
+
 `gguf_problem` runs every check in order and returns the first reason found,
 or None. tests/test_model_checks.py loads admitted mutations of a real file
 in a child process to keep this list honest.
@@ -30,7 +36,7 @@ from __future__ import annotations
 
 import math
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from functools import cached_property
 
@@ -43,6 +49,7 @@ from service.admission.gguf_header import (
     GGUFHeader,
     Skipped,
     TensorInfo,
+    join_parts,
 )
 from service.errors import excerpt
 
@@ -54,7 +61,7 @@ _INT32_MAX = 2**31 - 1
 # Gemma 3 with a window of 1.6e9 ran; 2.1e9 to 4.29e9 aborted at the first decode.
 MAX_SLIDING_WINDOW = 2**30
 _INT64_MAX = 2**63 - 1
-_UINT32, _INT32, _FLOAT32, _BOOL = 4, 5, 6, 7
+_UINT16, _UINT32, _INT32, _FLOAT32, _BOOL = 2, 4, 5, 6, 7
 _F32_TENSOR = 0  # ggml's F32 tensor type
 # ggml's TENSOR_ALIGNMENT: a mapped tensor's data must start on such a boundary.
 TENSOR_ALIGNMENT = 32
@@ -111,16 +118,32 @@ class _Refusal(Exception):
     """Raised inside a check by the value readers; the message is the reason."""
 
 
-def gguf_problem(header: GGUFHeader) -> str | None:
-    """The first reason llama.cpp could not load or run this file, or None."""
-    model = _Model(header)
+def gguf_problem(parts: Sequence[GGUFHeader], names: Sequence[str]) -> str | None:
+    """The first reason llama.cpp could not load or run this model, or None. `parts` are
+    the headers of its files and `names` their names: one file, or every part of a
+    split GGUF in order. The split metadata and each file's layout are checked per
+    file, the hyper-parameters and tensors on every part's tensors together."""
     try:
-        for check in _CHECKS:
-            problem = check(model)
-            if problem is not None:
-                return problem
+        problem = _split_problem(parts, names) or _layouts_problem(parts, names)
+        return problem or _model_problem(_Model(join_parts(parts)))
     except _Refusal as refusal:
         return str(refusal)
+
+
+def split_count_problem(first: GGUFHeader, names: Sequence[str]) -> str | None:
+    """Whether the first file's split.count says as many parts as the file names do;
+    checked before the other parts are read, so a file that lies costs one header."""
+    try:
+        return _split_count_problem(first, names)
+    except _Refusal as refusal:
+        return str(refusal)
+
+
+def _model_problem(model: _Model) -> str | None:
+    for check in _CHECKS:
+        problem = check(model)
+        if problem is not None:
+            return problem
     return None
 
 
@@ -223,11 +246,106 @@ def _tensor(tensor: TensorInfo) -> str:
     return f"tensor {excerpt(tensor.name)}"
 
 
-# --- the file: tensor infos and where their data lies -------------------------------------
+# --- the files: a split GGUF's parts --------------------------------------------------------
+
+SPLIT_NO, SPLIT_COUNT, SPLIT_TENSORS = "split.no", "split.count", "split.tensors.count"
 
 
-def _layout_problem(model: _Model) -> str | None:
-    header = model.header
+def _split_count_problem(first: GGUFHeader, names: Sequence[str]) -> str | None:
+    """llama.cpp makes the other parts' names from the first one's and its split.count:
+    a name that does not end in -00001-of-<split.count>.gguf is refused, and a file
+    whose split.count is absent, 0 or 1 is loaded alone, whatever lies beside it."""
+    count = _split_value(first, SPLIT_COUNT, _UINT16, names[0])
+    parts, name = len(names), excerpt(names[0])
+    said = count if count is not None and count > 1 else 1
+    if said == parts:
+        return None
+    if parts == 1:
+        return (
+            f"{name} has {SPLIT_COUNT} {count}, but its name is not that of a split GGUF's "
+            f"first part (NAME-00001-of-{said:05d}.gguf): llama.cpp refuses it"
+        )
+    found = f"no {SPLIT_COUNT}" if count is None else f"{SPLIT_COUNT} {count}"
+    if said == 1:
+        return (
+            f"{name} is named part 1 of {parts} of a split GGUF, but has {found}: llama.cpp "
+            f"would load it alone, without its {parts - 1} other part{'s' if parts > 2 else ''}"
+        )
+    return (
+        f"{name} is named part 1 of {parts} of a split GGUF, but has {found}: llama.cpp "
+        f"refuses a first part whose name does not end in -00001-of-{count:05d}.gguf"
+    )
+
+
+def _split_problem(parts: Sequence[GGUFHeader], names: Sequence[str]) -> str | None:
+    """What llama.cpp checks as it opens the parts: the first one's split.count, each
+    one's split.no (its index, from 0), and the first one's split.tensors.count."""
+    problem = _split_count_problem(parts[0], names)
+    if problem is not None or len(parts) == 1:
+        return problem
+    for index, (part, name) in enumerate(zip(parts, names, strict=True)):
+        number = _split_value(part, SPLIT_NO, _UINT16, name)
+        if number != index:
+            found = f"no {SPLIT_NO}" if number is None else f"{SPLIT_NO} {number}"
+            return (
+                f"{excerpt(name)}, part {index + 1} of {len(parts)} of a split GGUF, has "
+                f"{found}; llama.cpp wants {index} there (it counts the parts from 0)"
+            )
+    return _split_tensor_problem(parts, names)
+
+
+def _split_tensor_problem(parts: Sequence[GGUFHeader], names: Sequence[str]) -> str | None:
+    claimed = _split_value(parts[0], SPLIT_TENSORS, _INT32, names[0])
+    total = sum(len(part.tensors) for part in parts)
+    if claimed is None:
+        return (
+            f"{excerpt(names[0])} has no {SPLIT_TENSORS}, which llama.cpp requires of a "
+            "split GGUF's first part"
+        )
+    if claimed != total:
+        return (
+            f"{SPLIT_TENSORS} is {claimed}, but the {len(parts)} parts hold {total} tensors "
+            "in all: llama.cpp refuses the model as corrupted"
+        )
+    seen: dict[str, str] = {}
+    for part, name in zip(parts, names, strict=True):
+        for tensor in part.tensors:
+            if tensor.name in seen:
+                return (
+                    f"{_tensor(tensor)} is in both {excerpt(seen[tensor.name])} and "
+                    f"{excerpt(name)}; llama.cpp refuses a model with a tensor twice"
+                )
+            seen[tensor.name] = name
+    return None
+
+
+def _split_value(header: GGUFHeader, key: str, wanted: int, name: str) -> int | None:
+    """A split key's value, None when absent; llama.cpp takes no other type than `wanted`."""
+    if key not in header.values:
+        return None
+    if header.types[key] != wanted:
+        raise _Refusal(
+            f"{key} in {excerpt(name)} is stored as {_type_name(header.types[key])}; "
+            f"llama.cpp reads it only as {_type_name(wanted)}"
+        )
+    value: int = header.values[key]
+    return value
+
+
+# --- each file: tensor infos and where their data lies -------------------------------------
+
+
+def _layouts_problem(parts: Sequence[GGUFHeader], names: Sequence[str]) -> str | None:
+    """Each file's tensor data against its own header and size: a part's offsets count
+    from its own data section, and each part is mapped on its own."""
+    for index, (part, name) in enumerate(zip(parts, names, strict=True)):
+        problem = _layout_problem(part)
+        if problem is not None:
+            return problem if len(parts) == 1 else f"{excerpt(name)} (part {index + 1}): {problem}"
+    return None
+
+
+def _layout_problem(header: GGUFHeader) -> str | None:
     expected = 0
     for tensor in header.tensors:
         problem = _shape_of_data_problem(tensor)
@@ -615,7 +733,6 @@ def _find(header: GGUFHeader, name: str) -> TensorInfo | None:
 
 
 _CHECKS: tuple[Callable[[_Model], str | None], ...] = (
-    _layout_problem,
     _weight_type_problem,
     _architecture_problem,
     _block_problem,

@@ -16,8 +16,10 @@ on two tokens with the same text; only a pair of equal hashes is read again.
 
 from __future__ import annotations
 
+import dataclasses
 import struct
 from array import array
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, BinaryIO
@@ -225,6 +227,19 @@ def read_gguf_header_from(file: BinaryIO, size: int) -> GGUFHeader:
     data_start = reader.position + (-reader.position % alignment)
     duplicate = reader.duplicate_tokens
     return GGUFHeader(version, values, types, tensors, data_start, size, alignment, duplicate)
+
+
+def join_parts(parts: Sequence[GGUFHeader]) -> GGUFHeader:
+    """The model the parts of a split GGUF make together, as llama.cpp loads it: the
+    first part's key-values (it reads no other part's but split.no), every part's
+    tensors, and all their bytes. Each tensor's offset stays relative to its own
+    part's data, so a file's layout is checked on its own part, never on this."""
+    first = parts[0]
+    if len(parts) == 1:
+        return first
+    tensors = [tensor for part in parts for tensor in part.tensors]
+    size = sum(part.file_size for part in parts)
+    return dataclasses.replace(first, tensors=tensors, file_size=size)
 
 
 def _file_size(file: BinaryIO) -> int:

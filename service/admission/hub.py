@@ -1,16 +1,16 @@
 """Admission of a hub model that is not on disk yet, from the hub's metadata alone.
 
 The same gates as for a local file (see `service.admission`), fed by what
-`service.hub.remote` reads over HTTP: a GGUF's header, a checkpoint's
-config.json, a pipeline's model_index.json and one safetensors header. The
-answer adds what a download would take (the files the backend needs, their
-bytes) and whether that fits on the disk holding the hub cache. Descriptions
-are kept per commit, so asking again costs one call for the file list.
+`service.hub.remote` reads over HTTP: a GGUF's header (every part's, for a
+split one), a checkpoint's config.json, a pipeline's model_index.json and one
+safetensors header. The answer adds what a download would take (the files the
+backend needs, their bytes) and whether that fits on the disk holding the hub
+cache. Descriptions are kept per commit, so asking again costs one call for the
+file list.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import os
 import shutil
 import threading
@@ -24,11 +24,13 @@ from service.admission.describe import (
     ModelDescription,
     UnreadableModel,
     checkpoint_description,
-    describe_gguf_from,
+    describe_gguf_parts,
     json_object,
     pipeline_description,
+    read_gguf_part,
     safetensors_dtype_from,
 )
+from service.admission.gguf_header import GGUFHeader
 from service.hub.download import Download
 from service.hub.files import (
     PIPELINE_WEIGHTS,
@@ -114,10 +116,14 @@ def _describe(
 
 
 def _describe_gguf(repo: RemoteRepo, parts: list[str]) -> ModelDescription:
-    with repo.open(parts[0]) as remote:
-        description = describe_gguf_from(remote, repo.sizes[parts[0]])
-    every_part = sum(repo.sizes[name] for name in parts)
-    return dataclasses.replace(description, weights_bytes=every_part)
+    """From every part's header, each read by ranges up to its own end (never its
+    weights), joined as a local split GGUF's parts are."""
+
+    def read(index: int) -> GGUFHeader:
+        with repo.open(parts[index]) as remote:
+            return read_gguf_part(remote, repo.sizes[parts[index]], parts, index)
+
+    return describe_gguf_parts(parts, read)
 
 
 def _describe_pipeline(repo: RemoteRepo) -> tuple[ModelDescription, list[str]]:
