@@ -9,6 +9,7 @@
     ├── Unauthenticated       UNAUTHENTICATED      no valid bearer token
     ├── Unavailable           UNAVAILABLE          try again: the model is being reloaded
     ├── TimedOut              DEADLINE_EXCEEDED    a server-side time limit passed
+    ├── DataLoss              DATA_LOSS            fetched bytes are not what was promised
     └── BackendFailure        INTERNAL             the model library failed
 
 Code raises these; `service.rpc` turns them into statuses in one place. Any
@@ -62,6 +63,10 @@ class Unavailable(ServiceError):
 
 class TimedOut(ServiceError):
     code = grpc.StatusCode.DEADLINE_EXCEEDED
+
+
+class DataLoss(ServiceError):
+    code = grpc.StatusCode.DATA_LOSS
 
 
 class BackendFailure(ServiceError):

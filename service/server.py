@@ -138,6 +138,8 @@ class InferenceServer:
                 _puller(settings),
                 _pull_refusal(settings),
                 on_demand=settings.pull_on_demand,
+                cache_dir=settings.hf_cache_dir,
+                may_delete=settings.allow_pull,
             ),
         )
         add_inference_service(servicer, self._server)

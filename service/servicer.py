@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import AsyncIterator
+from pathlib import Path
 
 from inference.v1 import inference_pb2 as pb
 from inference.v1 import inference_pb2_grpc as pb_grpc
@@ -12,6 +13,8 @@ from service.admission import Capability, Decision
 from service.auth import BearerAuth
 from service.conversion import generation_request
 from service.errors import InvalidRequest
+from service.hub.disk import free_bytes
+from service.hub.inventory import CachedModel
 from service.hub.pull import PullState
 from service.images.requests import ImageDone, ImageLimits, ImageRequest
 from service.limits import RequestLimits
@@ -70,14 +73,18 @@ class InferenceServicer(pb_grpc.InferenceServicer):
         self._request_limits.check(request)
         generation = await self.offload.run(generation_request, request, self._generation_limits)
         summary["model"] = generation.model or self._pool.catalog.default_model
-        # Before a slot is taken: a download holds no model's place.
-        pulled = await self._pulls.before_generate(summary["model"])
+        # Before a slot is taken: a download holds no model's place. The client
+        # hears how it goes, not silence.
+        pulled: PullState | None = None
+        async for pulled in self._pulls.before_generate(summary["model"]):
+            yield pb.GenerateResponse(pull_progress=_progress_pb(pulled))
+        pull_ms = round((time.monotonic() - received_at) * 1000) if pulled else 0
         async with self._gate.slot():
             async for response in self._text.generate(generation, received_at=received_at):
                 kind = response.WhichOneof("event")
                 if kind == "started":
                     if pulled is not None:
-                        response.started.pull_ms = round(pulled.milliseconds)
+                        response.started.pull_ms = pull_ms
                         response.started.pulled_bytes = pulled.transferred
                     _summarize_start(response.started, summary)
                 elif kind == "finished":
@@ -139,7 +146,7 @@ class InferenceServicer(pb_grpc.InferenceServicer):
             if not started:
                 started = True
                 yield _pull_started(step.decision, step.state.cached)
-            yield _pull_progress(step.state)
+            yield pb.PullResponse(progress=_progress_pb(step.state))
             transferred = step.state.transferred
         # Resolved afresh: the reference now leads into the cache.
         spec = await asyncio.to_thread(self._pool.catalog.resolve, request.model)
@@ -150,6 +157,23 @@ class InferenceServicer(pb_grpc.InferenceServicer):
                 model=request.model, bytes_transferred=transferred, admit=report.to_pb()
             )
         )
+
+    @unary_rpc
+    async def ListCached(
+        self, request: pb.ListCachedRequest, summary: Summary
+    ) -> pb.ListCachedResponse:
+        models = await self._pulls.cached()
+        summary["repos"] = len(models)
+        return _cached_pb(models, self._pulls.cache_dir)
+
+    @unary_rpc
+    async def DeleteCached(
+        self, request: pb.DeleteCachedRequest, summary: Summary
+    ) -> pb.DeleteCachedResponse:
+        summary["model"] = request.model
+        commits, freed = await self._pulls.delete(request.model)
+        summary.update(freed_bytes=freed)
+        return pb.DeleteCachedResponse(commits=commits, freed_bytes=freed)
 
     @stream_rpc
     async def GenerateImage(
@@ -195,8 +219,8 @@ def _pull_started(decision: Decision, cached: int) -> pb.PullResponse:
     return pb.PullResponse(started=started)
 
 
-def _pull_progress(state: PullState) -> pb.PullResponse:
-    progress = pb.PullProgress(
+def _progress_pb(state: PullState) -> pb.PullProgress:
+    return pb.PullProgress(
         file=state.file,
         file_bytes_done=state.file_done,
         file_bytes_total=state.file_total,
@@ -204,7 +228,33 @@ def _pull_progress(state: PullState) -> pb.PullResponse:
         bytes_total=state.total,
         bytes_per_second=state.rate,
     )
-    return pb.PullResponse(progress=progress)
+
+
+def _cached_pb(models: list[CachedModel], cache_dir: Path | None) -> pb.ListCachedResponse:
+    repos = [
+        pb.CachedRepo(
+            repo=model.repo_id,
+            revisions=[
+                pb.CachedRevision(
+                    commit=revision.commit,
+                    refs=revision.refs,
+                    files=[pb.HubFile(path=n, size_bytes=b) for n, b in revision.files.items()],
+                    size_bytes=revision.size,
+                    last_modified_unix_ms=int(revision.last_modified * 1000),
+                )
+                for revision in model.revisions
+            ],
+            size_bytes=model.size,
+            incomplete_bytes=model.incomplete,
+            last_used_unix_ms=int(model.last_used * 1000),
+        )
+        for model in models
+    ]
+    if cache_dir is None:
+        return pb.ListCachedResponse(repos=repos)
+    return pb.ListCachedResponse(
+        repos=repos, cache_dir=str(cache_dir), disk_free_bytes=free_bytes(cache_dir)
+    )
 
 
 def _capability(value: int) -> Capability:

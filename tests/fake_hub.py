@@ -15,6 +15,11 @@ process, HF_ENDPOINT for a server process). It answers what the library asks:
 
 Every body byte sent is counted per repo path, so a test can assert what a step
 transferred (zero weight bytes for a refusal, the header range for a GGUF).
+
+A repo may also have named revisions (branches and tags, each its own commit
+and files), and may misbehave the ways a broken or compromised hub would
+(`Hostile`, issue 26): path-shaped ETags, bodies that differ from the listed
+hash, listings that lie about sizes, bodies cut short, errors mid-transfer.
 """
 
 from __future__ import annotations
@@ -22,6 +27,7 @@ from __future__ import annotations
 import hashlib
 import json
 import re
+import socket
 import threading
 import time
 from collections import Counter
@@ -39,6 +45,24 @@ _SLICE = 1 << 20
 
 
 @dataclass
+class Hostile:
+    """How a repo's answers go wrong; by default they do not."""
+
+    # Sent as the ETag (and X-Linked-Etag) of every file, whatever its hash.
+    etag: str | None = None
+    # Served in place of a file's listed bytes (the listing keeps the real hash).
+    body: dict[str, bytes] = field(default_factory=dict)
+    # The size the listing gives a file, in place of its real one.
+    listed_size: dict[str, int] = field(default_factory=dict)
+    # What the next GETs of a file's body do, in order, before they behave:
+    # "cut:N" ends the body after N bytes (the connection closes), "status:N"
+    # answers HTTP N with no body.
+    script: list[str] = field(default_factory=list)
+    # Every request for a file (resolve) answers this status, e.g. a bare 403.
+    status: int | None = None
+
+
+@dataclass
 class FakeRepo:
     # Contents, or a file to read them from (read once, here).
     files: dict[str, bytes | Path]
@@ -47,6 +71,9 @@ class FakeRepo:
     commit: str = ""  # the files' own hash unless given
     sha256: dict[str, str] = field(default_factory=dict)
     oid: dict[str, str] = field(default_factory=dict)
+    hostile: Hostile = field(default_factory=Hostile)
+    # Branches and tags other than main: each a commit of its own, with its files.
+    revisions: dict[str, FakeRepo] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         self.files = {
@@ -64,8 +91,17 @@ class FakeRepo:
     def data(self) -> dict[str, bytes]:
         return {path: data for path, data in self.files.items() if isinstance(data, bytes)}
 
+    def at(self, revision: str) -> FakeRepo | None:
+        """The repo as of a revision: main, a branch or tag, or a commit of either."""
+        if revision in ("main", self.commit):
+            return self
+        for name, version in self.revisions.items():
+            if revision in (name, version.commit):
+                return version
+        return None
+
     def entry(self, path: str, *, blobs: bool = True) -> dict[str, Any]:
-        size = len(self.data[path])
+        size = self.hostile.listed_size.get(path, len(self.data[path]))
         item: dict[str, Any] = {"type": "file", "path": path, "oid": self.oid[path]}
         if blobs:
             item["size"] = size
@@ -167,9 +203,10 @@ class _HubHandler(BaseHTTPRequestHandler):
             if repo.token is not None and not signed and name != "lfs":
                 return self._error(HTTPStatus.UNAUTHORIZED, "GatedRepo")
             groups: dict[str, str] = {k: v for k, v in match.groupdict().items() if v is not None}
-            rev = groups.get("rev")
-            if rev is not None and unquote(rev) not in ("main", repo.commit):
+            version = repo.at(unquote(groups.get("rev", "main")))
+            if version is None:
                 return self._error(HTTPStatus.NOT_FOUND, "RevisionNotFound")
+            repo = version
             query = parse_qs(split.query)
             ask = _Ask(method, match["repo"], repo, groups, query)
             getattr(self, f"_{name}")(ask)
@@ -239,6 +276,8 @@ class _HubHandler(BaseHTTPRequestHandler):
         data = repo.data.get(path)
         if data is None:
             return self._error(HTTPStatus.NOT_FOUND, "EntryNotFound", commit=repo.commit)
+        if repo.hostile.status is not None:
+            return self._bare(repo.hostile.status)
         if len(data) >= LFS_FROM:
             self.send_response(HTTPStatus.FOUND)
             # Absolute and to another host name, like the hub's CDN: huggingface_hub
@@ -248,25 +287,39 @@ class _HubHandler(BaseHTTPRequestHandler):
                 "Location", f"http://localhost:{port}/lfs/{repo_id}/{repo.sha256[path]}"
             )
             self.send_header("X-Repo-Commit", repo.commit)
-            self.send_header("X-Linked-Etag", f'"{repo.sha256[path]}"')
+            self.send_header("X-Linked-Etag", f'"{repo.hostile.etag or repo.sha256[path]}"')
             self.send_header("X-Linked-Size", str(len(data)))
-            self.send_header("ETag", f'"{repo.oid[path]}"')
+            self.send_header("ETag", f'"{repo.hostile.etag or repo.oid[path]}"')
             self.send_header("Content-Length", "0")
             self.end_headers()
             return None
-        self._body(method, repo_id, path, data, etag=repo.oid[path], commit=repo.commit)
+        etag = repo.hostile.etag or repo.oid[path]
+        self._body(method, repo_id, repo, path, etag=etag, commit=repo.commit)
         return None
 
     def _lfs(self, ask: _Ask) -> None:
-        method, repo_id, repo, groups, _ = ask
-        for path, data in repo.data.items():
-            if len(data) >= LFS_FROM and repo.sha256[path] == groups["sha"]:
-                return self._body(method, repo_id, path, data, etag=groups["sha"], commit=None)
+        method, repo_id, top, groups, _ = ask
+        for repo in [top, *top.revisions.values()]:
+            for path, data in repo.data.items():
+                if len(data) >= LFS_FROM and repo.sha256[path] == groups["sha"]:
+                    etag = repo.hostile.etag or groups["sha"]
+                    return self._body(method, repo_id, repo, path, etag=etag, commit=None)
         return self._error(HTTPStatus.NOT_FOUND, "EntryNotFound")
 
     def _body(
-        self, method: str, repo_id: str, path: str, data: bytes, *, etag: str, commit: str | None
+        self, method: str, repo_id: str, repo: FakeRepo, path: str, *, etag: str, commit: str | None
     ) -> None:
+        data = repo.hostile.body.get(path, repo.data[path])
+        cut: int | None = None
+        # A download (the whole body, or its rest): not a header read by a bounded range.
+        downloading = re.fullmatch(r"bytes=\d+-\d+", self.headers.get("Range", "")) is None
+        if method == "GET" and downloading:
+            with self.fake.lock:
+                scripted = repo.hostile.script.pop(0) if repo.hostile.script else "ok"
+            if scripted.startswith("status:"):
+                return self._bare(int(scripted.removeprefix("status:")))
+            if scripted.startswith("cut:"):
+                cut = int(scripted.removeprefix("cut:"))
         start, end = 0, len(data)
         status = HTTPStatus.OK
         ranged = re.fullmatch(r"bytes=(\d*)-(\d*)", self.headers.get("Range", ""))
@@ -298,6 +351,8 @@ class _HubHandler(BaseHTTPRequestHandler):
             return
         rate = self.fake.bytes_per_second
         step = len(body) if rate is None else _SLICE
+        if cut is not None:
+            body = body[:cut]
         for start in range(0, len(body), step):
             piece = body[start : start + step]
             # Counted before it is written: the client may have read it all, and the
@@ -306,6 +361,16 @@ class _HubHandler(BaseHTTPRequestHandler):
             self.wfile.write(piece)
             if rate is not None:
                 time.sleep(len(piece) / rate)
+        if cut is not None:  # the connection drops before Content-Length bytes
+            self.close_connection = True
+            self.wfile.flush()
+            self.connection.shutdown(socket.SHUT_RDWR)
+
+    def _bare(self, status: int) -> None:
+        """An error with no hub error code: what a proxy or a failing CDN answers."""
+        self.send_response(status)
+        self.send_header("Content-Length", "0")
+        self.end_headers()
 
     def _json(self, value: object, method: str) -> None:
         body = json.dumps(value).encode()

@@ -159,11 +159,16 @@ def test_concurrent_pulls_share_one_transfer(tmp_path: Path) -> None:
         slow.stop()
 
 
-def test_a_cancelled_pull_leaves_nothing_that_looks_complete(tmp_path: Path) -> None:
+def test_a_cancelled_pull_is_resumed_by_the_next(tmp_path: Path) -> None:
+    """The partial file stays (never served); the next pull asks only for the rest."""
     slow = FakeHub(repos=repos(), bytes_per_second=40e6).start()
     commit = slow.repos["acme/smol-gguf"].commit
+    sha256 = slow.repos["acme/smol-gguf"].sha256[SMOLLM_NAME]
+    blobs = tmp_path / "models--acme--smol-gguf" / "blobs"
     try:
         with serving(pull_settings(slow, tmp_path)) as (_, stub):  # type: ignore[arg-type]
+            stub.Admit(pb.AdmitRequest(model="acme/smol-gguf"))  # the header, read once
+            header = slow.bytes_sent("acme/smol-gguf", SMOLLM_NAME)
             stream = stub.Pull(pb.PullRequest(model="acme/smol-gguf"))
             for event in stream:
                 if event.WhichOneof("event") == "progress" and event.progress.bytes_done > 0:
@@ -172,15 +177,23 @@ def test_a_cancelled_pull_leaves_nothing_that_looks_complete(tmp_path: Path) -> 
             time.sleep(1.0)  # the transfer stops at its next chunk
             stopped_at = slow.bytes_sent("acme/smol-gguf", SMOLLM_NAME)
             time.sleep(0.5)
-            assert slow.bytes_sent("acme/smol-gguf", SMOLLM_NAME) == stopped_at < SIZE
+            assert slow.bytes_sent("acme/smol-gguf", SMOLLM_NAME) == stopped_at < header + SIZE
             assert not snapshot_file(tmp_path, commit).exists()
-            # huggingface_hub 2.x deletes its partial file (no resume across calls).
-            assert list((tmp_path / "models--acme--smol-gguf" / "blobs").iterdir()) == []
+            partial = blobs / f"{sha256}.incomplete"
+            kept = partial.stat().st_size
+            assert 0 < kept < SIZE
+            assert [p.name for p in blobs.iterdir()] == [partial.name]  # no blob in place
             admit = stub.Admit(pb.AdmitRequest(model="acme/smol-gguf"))
             assert not admit.available_locally
-            events = pull(stub, "acme/smol-gguf")  # starts over, and completes
-            assert events[-1].finished.admit.available_locally
-            assert events[-1].finished.bytes_transferred == SIZE
+            events = pull(stub, "acme/smol-gguf")
+            assert events[0].started.cached_bytes == kept
+            finished = events[-1].finished
+            assert finished.admit.available_locally
+            assert finished.bytes_transferred == SIZE - kept
+            # The hub served the rest only, and the file is whole.
+            assert slow.bytes_sent("acme/smol-gguf", SMOLLM_NAME) - stopped_at == SIZE - kept
+            assert snapshot_file(tmp_path, commit).read_bytes() == SMOLLM_FILE.read_bytes()
+            assert [p.name for p in blobs.iterdir()] == [sha256]
     finally:
         slow.stop()
 
@@ -224,12 +237,22 @@ def test_pull_on_demand_makes_generate_pull_first(hub: FakeHub, tmp_path: Path) 
     with serving(settings) as (_, stub):  # type: ignore[arg-type]
         request = pb.GenerateRequest(model="acme/smol-gguf", prompt="Hi", max_tokens=2)
         first = collect(stub.Generate(request))
-        started = first[0].started
+        kinds = [event.WhichOneof("event") for event in first]
+        # The pull speaks before the generation starts: the client hears no silence.
+        at = kinds.index("started")
+        assert at > 0
+        assert set(kinds[:at]) == {"pull_progress"}
+        progress = [event.pull_progress for event in first[:at]]
+        assert progress[0].bytes_total == SIZE
+        assert progress[-1].bytes_done == SIZE
+        assert [p.bytes_done for p in progress] == sorted(p.bytes_done for p in progress)
+        started = first[at].started
         assert started.pulled_bytes == SIZE
         assert 0 < started.pull_ms <= finished_of(first).timing.ttft_ms
         assert finished_of(first).usage.completion_tokens == 2
-        again = collect(stub.Generate(request))[0].started
-        assert (again.pull_ms, again.pulled_bytes) == (0, 0)
+        again = collect(stub.Generate(request))
+        assert again[0].WhichOneof("event") == "started"
+        assert (again[0].started.pull_ms, again[0].started.pulled_bytes) == (0, 0)
     with pytest.raises(ValueError, match="needs allow_pull"):
         make_settings(allow_pull=False, pull_on_demand=True)
 

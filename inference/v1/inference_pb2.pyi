@@ -129,14 +129,16 @@ class GenerateRequest(_message.Message):
     def __init__(self, model: _Optional[str] = ..., prompt: _Optional[str] = ..., messages: _Optional[_Iterable[_Union[ChatMessage, _Mapping]]] = ..., max_tokens: _Optional[int] = ..., stop: _Optional[_Iterable[str]] = ..., temperature: _Optional[float] = ..., top_p: _Optional[float] = ..., top_k: _Optional[int] = ..., min_p: _Optional[float] = ..., repeat_penalty: _Optional[float] = ..., seed: _Optional[int] = ..., tools: _Optional[_Iterable[_Union[Tool, _Mapping]]] = ..., response_format: _Optional[_Union[ResponseFormat, _Mapping]] = ..., grammar: _Optional[str] = ..., logprobs: _Optional[bool] = ..., top_logprobs: _Optional[int] = ..., presence_penalty: _Optional[float] = ..., frequency_penalty: _Optional[float] = ...) -> None: ...
 
 class GenerateResponse(_message.Message):
-    __slots__ = ("started", "delta", "finished")
+    __slots__ = ("started", "delta", "finished", "pull_progress")
     STARTED_FIELD_NUMBER: _ClassVar[int]
     DELTA_FIELD_NUMBER: _ClassVar[int]
     FINISHED_FIELD_NUMBER: _ClassVar[int]
+    PULL_PROGRESS_FIELD_NUMBER: _ClassVar[int]
     started: GenerationStarted
     delta: TextDelta
     finished: GenerationFinished
-    def __init__(self, started: _Optional[_Union[GenerationStarted, _Mapping]] = ..., delta: _Optional[_Union[TextDelta, _Mapping]] = ..., finished: _Optional[_Union[GenerationFinished, _Mapping]] = ...) -> None: ...
+    pull_progress: PullProgress
+    def __init__(self, started: _Optional[_Union[GenerationStarted, _Mapping]] = ..., delta: _Optional[_Union[TextDelta, _Mapping]] = ..., finished: _Optional[_Union[GenerationFinished, _Mapping]] = ..., pull_progress: _Optional[_Union[PullProgress, _Mapping]] = ...) -> None: ...
 
 class GenerationStarted(_message.Message):
     __slots__ = ("model", "backend", "prompt_tokens", "context_length", "pull_ms", "pulled_bytes")
@@ -303,20 +305,22 @@ class AdmitResponse(_message.Message):
     def __init__(self, admitted: _Optional[bool] = ..., reason: _Optional[str] = ..., backend: _Optional[str] = ..., architecture: _Optional[str] = ..., quantization: _Optional[_Union[Quantization, _Mapping]] = ..., memory: _Optional[_Union[MemoryEstimate, _Mapping]] = ..., loaded: _Optional[bool] = ..., available_locally: _Optional[bool] = ..., download: _Optional[_Union[HubDownload, _Mapping]] = ...) -> None: ...
 
 class HubDownload(_message.Message):
-    __slots__ = ("repo", "commit", "files", "total_bytes", "disk_free_bytes", "fits_on_disk")
+    __slots__ = ("repo", "commit", "files", "total_bytes", "disk_free_bytes", "fits_on_disk", "choices")
     REPO_FIELD_NUMBER: _ClassVar[int]
     COMMIT_FIELD_NUMBER: _ClassVar[int]
     FILES_FIELD_NUMBER: _ClassVar[int]
     TOTAL_BYTES_FIELD_NUMBER: _ClassVar[int]
     DISK_FREE_BYTES_FIELD_NUMBER: _ClassVar[int]
     FITS_ON_DISK_FIELD_NUMBER: _ClassVar[int]
+    CHOICES_FIELD_NUMBER: _ClassVar[int]
     repo: str
     commit: str
     files: _containers.RepeatedCompositeFieldContainer[HubFile]
     total_bytes: int
     disk_free_bytes: int
     fits_on_disk: bool
-    def __init__(self, repo: _Optional[str] = ..., commit: _Optional[str] = ..., files: _Optional[_Iterable[_Union[HubFile, _Mapping]]] = ..., total_bytes: _Optional[int] = ..., disk_free_bytes: _Optional[int] = ..., fits_on_disk: _Optional[bool] = ...) -> None: ...
+    choices: _containers.RepeatedCompositeFieldContainer[HubFile]
+    def __init__(self, repo: _Optional[str] = ..., commit: _Optional[str] = ..., files: _Optional[_Iterable[_Union[HubFile, _Mapping]]] = ..., total_bytes: _Optional[int] = ..., disk_free_bytes: _Optional[int] = ..., fits_on_disk: _Optional[bool] = ..., choices: _Optional[_Iterable[_Union[HubFile, _Mapping]]] = ...) -> None: ...
 
 class HubFile(_message.Message):
     __slots__ = ("path", "size_bytes")
@@ -377,6 +381,62 @@ class PullFinished(_message.Message):
     bytes_transferred: int
     admit: AdmitResponse
     def __init__(self, model: _Optional[str] = ..., bytes_transferred: _Optional[int] = ..., admit: _Optional[_Union[AdmitResponse, _Mapping]] = ...) -> None: ...
+
+class ListCachedRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class ListCachedResponse(_message.Message):
+    __slots__ = ("repos", "cache_dir", "disk_free_bytes")
+    REPOS_FIELD_NUMBER: _ClassVar[int]
+    CACHE_DIR_FIELD_NUMBER: _ClassVar[int]
+    DISK_FREE_BYTES_FIELD_NUMBER: _ClassVar[int]
+    repos: _containers.RepeatedCompositeFieldContainer[CachedRepo]
+    cache_dir: str
+    disk_free_bytes: int
+    def __init__(self, repos: _Optional[_Iterable[_Union[CachedRepo, _Mapping]]] = ..., cache_dir: _Optional[str] = ..., disk_free_bytes: _Optional[int] = ...) -> None: ...
+
+class CachedRepo(_message.Message):
+    __slots__ = ("repo", "revisions", "size_bytes", "incomplete_bytes", "last_used_unix_ms")
+    REPO_FIELD_NUMBER: _ClassVar[int]
+    REVISIONS_FIELD_NUMBER: _ClassVar[int]
+    SIZE_BYTES_FIELD_NUMBER: _ClassVar[int]
+    INCOMPLETE_BYTES_FIELD_NUMBER: _ClassVar[int]
+    LAST_USED_UNIX_MS_FIELD_NUMBER: _ClassVar[int]
+    repo: str
+    revisions: _containers.RepeatedCompositeFieldContainer[CachedRevision]
+    size_bytes: int
+    incomplete_bytes: int
+    last_used_unix_ms: int
+    def __init__(self, repo: _Optional[str] = ..., revisions: _Optional[_Iterable[_Union[CachedRevision, _Mapping]]] = ..., size_bytes: _Optional[int] = ..., incomplete_bytes: _Optional[int] = ..., last_used_unix_ms: _Optional[int] = ...) -> None: ...
+
+class CachedRevision(_message.Message):
+    __slots__ = ("commit", "refs", "files", "size_bytes", "last_modified_unix_ms")
+    COMMIT_FIELD_NUMBER: _ClassVar[int]
+    REFS_FIELD_NUMBER: _ClassVar[int]
+    FILES_FIELD_NUMBER: _ClassVar[int]
+    SIZE_BYTES_FIELD_NUMBER: _ClassVar[int]
+    LAST_MODIFIED_UNIX_MS_FIELD_NUMBER: _ClassVar[int]
+    commit: str
+    refs: _containers.RepeatedScalarFieldContainer[str]
+    files: _containers.RepeatedCompositeFieldContainer[HubFile]
+    size_bytes: int
+    last_modified_unix_ms: int
+    def __init__(self, commit: _Optional[str] = ..., refs: _Optional[_Iterable[str]] = ..., files: _Optional[_Iterable[_Union[HubFile, _Mapping]]] = ..., size_bytes: _Optional[int] = ..., last_modified_unix_ms: _Optional[int] = ...) -> None: ...
+
+class DeleteCachedRequest(_message.Message):
+    __slots__ = ("model",)
+    MODEL_FIELD_NUMBER: _ClassVar[int]
+    model: str
+    def __init__(self, model: _Optional[str] = ...) -> None: ...
+
+class DeleteCachedResponse(_message.Message):
+    __slots__ = ("commits", "freed_bytes")
+    COMMITS_FIELD_NUMBER: _ClassVar[int]
+    FREED_BYTES_FIELD_NUMBER: _ClassVar[int]
+    commits: _containers.RepeatedScalarFieldContainer[str]
+    freed_bytes: int
+    def __init__(self, commits: _Optional[_Iterable[str]] = ..., freed_bytes: _Optional[int] = ...) -> None: ...
 
 class GenerateImageRequest(_message.Message):
     __slots__ = ("model", "prompt", "negative_prompt", "width", "height", "steps", "guidance", "seed")

@@ -60,6 +60,16 @@ class InferenceStub:
                 request_serializer=inference_dot_v1_dot_inference__pb2.PullRequest.SerializeToString,
                 response_deserializer=inference_dot_v1_dot_inference__pb2.PullResponse.FromString,
                 _registered_method=True)
+        self.ListCached = channel.unary_unary(
+                '/inference.v1.Inference/ListCached',
+                request_serializer=inference_dot_v1_dot_inference__pb2.ListCachedRequest.SerializeToString,
+                response_deserializer=inference_dot_v1_dot_inference__pb2.ListCachedResponse.FromString,
+                _registered_method=True)
+        self.DeleteCached = channel.unary_unary(
+                '/inference.v1.Inference/DeleteCached',
+                request_serializer=inference_dot_v1_dot_inference__pb2.DeleteCachedRequest.SerializeToString,
+                response_deserializer=inference_dot_v1_dot_inference__pb2.DeleteCachedResponse.FromString,
+                _registered_method=True)
 
 
 class InferenceServicer:
@@ -108,6 +118,24 @@ class InferenceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def ListCached(self, request, context):
+        """ListCached lists the hub models in the server's hub cache: each repo's
+        revisions, files, sizes and when they were last used, and the bytes of
+        pulls that were interrupted (kept so the next pull continues them).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def DeleteCached(self, request, context):
+        """DeleteCached removes a hub model from the server's hub cache: one
+        revision, or the whole repo with its interrupted pulls. Off unless the
+        server runs with --allow-pull (the same flag that lets clients write it).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_InferenceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -135,6 +163,16 @@ def add_InferenceServicer_to_server(servicer, server):
                     servicer.Pull,
                     request_deserializer=inference_dot_v1_dot_inference__pb2.PullRequest.FromString,
                     response_serializer=inference_dot_v1_dot_inference__pb2.PullResponse.SerializeToString,
+            ),
+            'ListCached': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListCached,
+                    request_deserializer=inference_dot_v1_dot_inference__pb2.ListCachedRequest.FromString,
+                    response_serializer=inference_dot_v1_dot_inference__pb2.ListCachedResponse.SerializeToString,
+            ),
+            'DeleteCached': grpc.unary_unary_rpc_method_handler(
+                    servicer.DeleteCached,
+                    request_deserializer=inference_dot_v1_dot_inference__pb2.DeleteCachedRequest.FromString,
+                    response_serializer=inference_dot_v1_dot_inference__pb2.DeleteCachedResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -273,6 +311,60 @@ class Inference:
             '/inference.v1.Inference/Pull',
             inference_dot_v1_dot_inference__pb2.PullRequest.SerializeToString,
             inference_dot_v1_dot_inference__pb2.PullResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ListCached(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/inference.v1.Inference/ListCached',
+            inference_dot_v1_dot_inference__pb2.ListCachedRequest.SerializeToString,
+            inference_dot_v1_dot_inference__pb2.ListCachedResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def DeleteCached(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/inference.v1.Inference/DeleteCached',
+            inference_dot_v1_dot_inference__pb2.DeleteCachedRequest.SerializeToString,
+            inference_dot_v1_dot_inference__pb2.DeleteCachedResponse.FromString,
             options,
             channel_credentials,
             insecure,

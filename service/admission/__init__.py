@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import enum
+import posixpath
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -33,6 +34,7 @@ from service.admission.gates import (
 )
 from service.admission.hub import read_remote
 from service.hub.download import Download
+from service.hub.files import SPLIT_GGUF
 from service.hub.remote import HubAccess
 from service.memory import MemoryNeed, offloaded_share
 from service.model_source import HubReference, ModelSource
@@ -156,7 +158,23 @@ def _not_cached(source: ModelSource, offline: bool) -> Decision:
 def not_downloaded(source: ModelSource, *, offline: bool = False) -> str:
     """Why a hub model that is not in the cache cannot be loaded, and what to do."""
     where = f"the Hugging Face cache has no copy of {source.hub}"
-    repo = source.hub.repo_id if source.hub else ""
+    hint = download_hint(source.hub) if source.hub else ""
     if offline:
-        return f"{where}, and offline mode is on: download it first (`hf download {repo}`)"
-    return f"{where}: download it first (`hf download {repo}`)"
+        return f"{where}, and offline mode is on: download it first ({hint})"
+    return f"{where}: download it first ({hint})"
+
+
+def download_hint(hub: HubReference) -> str:
+    """The commands that fetch exactly what the reference names, and no other file."""
+    command = f"hf download {hub.repo_id}"
+    if hub.file is not None:
+        split = SPLIT_GGUF.match(posixpath.basename(hub.file))
+        if split is not None:
+            command += f' --include "{split["prefix"]}-*-of-{split["count"]}.gguf"'
+        elif hub.file.endswith(".gguf"):
+            command += f" {hub.file}"
+        else:  # a quantization tag: the files whose names carry it
+            command += f' --include "*{hub.file}*.gguf"'
+    if hub.revision:
+        command += f" --revision {hub.revision}"
+    return f"`inference-client pull {hub}`, or `{command}`"

@@ -11,8 +11,6 @@ file list.
 
 from __future__ import annotations
 
-import os
-import shutil
 import threading
 from collections import OrderedDict
 from dataclasses import dataclass
@@ -31,10 +29,12 @@ from service.admission.describe import (
     safetensors_dtype_from,
 )
 from service.admission.gguf_header import GGUFHeader
+from service.hub.disk import free_bytes
 from service.hub.download import Download
 from service.hub.files import (
     PIPELINE_WEIGHTS,
     checkpoint_files,
+    gguf_choices,
     gguf_parts,
     pick_gguf,
     pipeline_files,
@@ -70,7 +70,14 @@ def read_remote(hub: HubReference, access: HubAccess, cache_dir: Path) -> Remote
             while len(_remembered) > _REMEMBERED:
                 _remembered.popitem(last=False)
     kind, description, problem, files = found
-    download = Download(hub.repo_id, repo.commit, files, _free_bytes(cache_dir))
+    download = Download(
+        hub.repo_id,
+        repo.commit,
+        files,
+        free_bytes(cache_dir),
+        digests={name: repo.digests[name] for name in files},
+        choices=gguf_choices(repo.sizes) if kind == "gguf" else {},
+    )
     return RemoteModel(kind, description, problem, download)
 
 
@@ -143,14 +150,3 @@ def _describe_pipeline(repo: RemoteRepo) -> tuple[ModelDescription, list[str]]:
 def _read_json(repo: RemoteRepo, name: str) -> dict[str, Any]:
     """A config of the repo, parsed as a local one is (UnreadableModel when broken)."""
     return json_object(repo.read_small(name, MAX_JSON_BYTES) or b"", name, repo.sizes[name])
-
-
-def _free_bytes(cache_dir: Path) -> int:
-    """Free bytes where the hub cache is, or would be created."""
-    path = os.path.abspath(cache_dir)
-    while not os.path.exists(path) and os.path.dirname(path) != path:
-        path = os.path.dirname(path)
-    try:
-        return shutil.disk_usage(path).free
-    except OSError:
-        return 0

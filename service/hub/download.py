@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+
+from service.hub.trust import Digest
 
 
 @dataclass(frozen=True)
@@ -13,6 +15,11 @@ class Download:
     commit: str
     files: dict[str, int]  # the files the backend needs, and their bytes
     free_bytes: int  # on the file system holding the hub cache
+    # Each file's hash, as the hub lists it: what its bytes are checked against.
+    digests: dict[str, Digest] = field(default_factory=dict)
+    # For a GGUF repo: every GGUF the repo offers (the first part of a split one),
+    # with its bytes (all parts), so a client can choose a quantization.
+    choices: dict[str, int] = field(default_factory=dict)
 
     @property
     def total_bytes(self) -> int:

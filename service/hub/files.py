@@ -73,6 +73,18 @@ def gguf_parts(name: str, names: Collection[str]) -> list[str]:
     return parts
 
 
+def gguf_choices(sizes: dict[str, int]) -> dict[str, int]:
+    """Every GGUF a repo offers (a split one by its first part), with its bytes (all parts)."""
+    choices: dict[str, int] = {}
+    for name in sorted(sizes):
+        if name.endswith(".gguf") and _first_part(name):
+            try:
+                choices[name] = sum(sizes[part] for part in gguf_parts(name, sizes))
+            except ModelNotFound:  # a split one with a part missing: not a choice
+                continue
+    return choices
+
+
 def checkpoint_files(names: Iterable[str]) -> list[str]:
     """A safetensors checkpoint's weights, configs and tokenizer files (top level)."""
     return sorted(

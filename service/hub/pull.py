@@ -1,41 +1,39 @@
 """Downloading a hub model's files into the hub cache, with progress, one transfer per model.
 
-The files are fetched by huggingface_hub's own `hf_hub_download`: its cache
-layout (the one transformers and `hf download` use), its lock per file, ETag
-and size checks, retries that resume within one call, and a snapshot link that
-appears only once a file is whole. Progress comes from the progress-bar class
-it accepts: each chunk it writes is reported to `_Transfer`, which is also
-where a cancelled pull stops it (the next chunk raises). huggingface_hub then
-deletes its partial file (2.x keeps no partial files across calls), so a
-cancelled pull leaves nothing behind, and the next one starts over.
+Each file is fetched by service.hub.fetch: into a partial file named by its
+listed hash, resumed where an earlier attempt stopped, checked against its
+size and hash, then moved into place and linked into the snapshot (the cache
+layout transformers and `hf` read). Files already in the cache are hashed
+before they count as there: one that fails is deleted and fetched again.
 
-Concurrent pulls of the same files share one transfer: each caller follows
-its progress, and the transfer stops only when every caller has gone.
+A transfer reserves the bytes it has yet to write on the cache's disk
+(service.hub.disk), so pulls that would not fit together do not start
+together. Concurrent pulls of the same files share one transfer: each
+caller follows its progress, and the transfer stops at the next chunk only
+when every caller has gone, keeping its partial file for the next pull.
 """
 
 from __future__ import annotations
 
 import asyncio
+import os
 import threading
 import time
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any
 
-from huggingface_hub import hf_hub_download, try_to_load_from_cache
-
-from service.errors import Unavailable, excerpt
+from service.errors import excerpt
+from service.hub.cache import RepoCache, remove, verified
+from service.hub.disk import Reservations
 from service.hub.download import Download
-from service.hub.remote import HubAccess, hub_errors
+from service.hub.fetch import FileFetch, HubFile
+from service.hub.remote import HubAccess
+from service.hub.trust import check_revision
 from service.model_source import HubReference
 
-# Progress is published at most this often (a chunk is 10 MB; small files are many).
+# Progress is published at most this often (a chunk is 1 MiB; small files are many).
 _PUBLISH_EVERY = 0.1
-
-
-class PullCancelled(Exception):
-    """Every caller of a transfer went away: it stops at the next chunk."""
 
 
 @dataclass(frozen=True)
@@ -50,6 +48,8 @@ class PullState:
     rate: float = 0.0  # transferred per second so far
     finished: bool = False
     error: BaseException | None = None
+    # The cache has been looked at: `cached` and `done` count what was there.
+    surveyed: bool = False
 
 
 class Puller:
@@ -58,6 +58,7 @@ class Puller:
     def __init__(self, access: HubAccess, cache_dir: Path) -> None:
         self._access = access
         self._cache_dir = cache_dir
+        self._reservations = Reservations(cache_dir)
         self._transfers: dict[tuple[str, str, tuple[str, ...]], _Transfer] = {}
 
     async def pull(self, hub: HubReference, download: Download) -> AsyncIterator[PullState]:
@@ -68,7 +69,7 @@ class Puller:
         # One whose callers all left is stopping: its next chunk raises. Start afresh
         # (huggingface_hub's lock on the file makes this one wait for it to let go).
         if transfer is None or transfer.cancel.is_set():
-            transfer = _Transfer(hub, download, self._access, self._cache_dir)
+            transfer = _Transfer(hub, download, self._access, self._cache_dir, self._reservations)
             self._transfers[key] = transfer
             transfer.start(lambda: self._forget(key, transfer))
         transfer.followers += 1
@@ -82,6 +83,10 @@ class Puller:
             if transfer.followers == 0:
                 transfer.cancel.set()
 
+    def busy(self, repo_id: str) -> bool:
+        """Whether a transfer of the repo is under way."""
+        return any(key[0] == repo_id for key in self._transfers)
+
     def _forget(self, key: tuple[str, str, tuple[str, ...]], transfer: _Transfer) -> None:
         if self._transfers.get(key) is transfer:  # not a newer one under the same key
             del self._transfers[key]
@@ -89,12 +94,18 @@ class Puller:
 
 class _Transfer:
     def __init__(
-        self, hub: HubReference, download: Download, access: HubAccess, cache_dir: Path
+        self,
+        hub: HubReference,
+        download: Download,
+        access: HubAccess,
+        cache_dir: Path,
+        reservations: Reservations,
     ) -> None:
         self.hub = hub
         self.download = download
         self.access = access
-        self.cache_dir = cache_dir
+        self.cache = RepoCache(cache_dir, download.repo_id)
+        self.reservations = reservations
         self.followers = 0
         self.cancel = threading.Event()
         self.state = PullState(total=download.total_bytes)
@@ -115,7 +126,8 @@ class _Transfer:
     async def states(self) -> AsyncIterator[PullState]:
         while True:
             state = self.state
-            yield state
+            if state.surveyed or state.finished:
+                yield state
             if state.finished:
                 return
             if self.state is state:  # nothing new since: wait for the next
@@ -133,65 +145,64 @@ class _Transfer:
             self._publish(replace(self.state, finished=True))
 
     def _fetch_all(self) -> None:
-        files = self.download.files
-        cached = {name: size for name, size in files.items() if self._in_cache(name)}
-        done = sum(cached.values())
-        self._publish(replace(self.state, done=done, cached=done))
-        for name, size in sorted(files.items(), key=lambda item: _marks_complete(item[0])):
-            if name in cached:
-                continue
-            self._publish(replace(self.state, file=name, file_done=0, file_total=size))
-            with hub_errors(self.hub):
-                path = hf_hub_download(
-                    self.download.repo_id,
-                    name,
-                    revision=self.hub.revision or "main",
-                    cache_dir=self.cache_dir,
-                    endpoint=self.access.endpoint,
-                    token=self.access.token or False,
-                    tqdm_class=self._progress_class(),
+        download = self.download
+        files = [
+            HubFile(name, size, download.digests[name]) for name, size in download.files.items()
+        ]
+        missing = [file for file in files if not self._in_cache(file)]
+        kept = {file.name: _kept_bytes(self.cache, file) for file in missing}
+        done = download.total_bytes - sum(f.size for f in missing) + sum(kept.values())
+        self._publish(replace(self.state, done=done, cached=done, surveyed=True), force=True)
+        what = f"pulling {excerpt(str(self.hub))}"
+        self.reservations.reserve(self, sum(f.size for f in missing) - sum(kept.values()), what)
+        try:
+            self.cache.prepare()
+            fetch = FileFetch(
+                self.access,
+                self.cache,
+                download.repo_id,
+                download.commit,
+                self._advance,
+                self.cancel,
+            )
+            for file in sorted(missing, key=lambda f: _marks_complete(f.name)):
+                self._publish(
+                    replace(
+                        self.state, file=file.name, file_done=kept[file.name], file_total=file.size
+                    )
                 )
-            if f"/snapshots/{self.download.commit}/" not in Path(path).as_posix():
-                raise Unavailable(
-                    f"{excerpt(str(self.hub))} changed on the hub during the pull (it now "
-                    f"resolves past {self.download.commit[:12]}): pull it again"
-                )
-            done += size
-            self._publish(replace(self.state, file_done=size, done=done), force=True)
+                fetch.fetch(file)
+                self._publish(replace(self.state, file_done=file.size), force=True)
+            self._write_ref()
+        finally:
+            self.reservations.release(self)
 
-    def _in_cache(self, name: str) -> bool:
-        found = try_to_load_from_cache(
-            self.download.repo_id, name, cache_dir=self.cache_dir, revision=self.download.commit
-        )
-        return isinstance(found, str)
+    def _in_cache(self, file: HubFile) -> bool:
+        """Whether the snapshot holds this file, whole and with the listed hash. A blob
+        that fails the check is deleted; one another commit shares is linked."""
+        commit = self.download.commit
+        blob = self.cache.blob(file.digest)
+        linked = self.cache.linked_blob(commit, file.name)
+        if linked is not None and linked != blob:
+            self.cache.unlink(commit, file.name)
+        if not os.path.exists(blob):
+            return False
+        if not verified(blob, file.size, file.digest):
+            remove(blob)
+            self.cache.unlink(commit, file.name)
+            return False
+        if linked != blob:
+            self.cache.link(commit, file.name, file.digest)
+        return True
 
-    def _progress_class(self) -> type:
-        transfer = self
-
-        class Progress:
-            """What hf_hub_download takes for a progress bar: it reports each chunk."""
-
-            def __init__(self, *, initial: int = 0, **_: Any) -> None:
-                state = transfer.state
-                transfer._publish(replace(state, file_done=initial, done=state.done + initial))
-
-            def update(self, count: int = 1) -> None:
-                if transfer.cancel.is_set():
-                    raise PullCancelled("every caller of this pull went away")
-                transfer._advance(count)
-
-            def close(self) -> None:
-                pass
-
-            def __enter__(self) -> Progress:
-                return self
-
-            def __exit__(self, *_: object) -> None:
-                pass
-
-        return Progress
+    def _write_ref(self) -> None:
+        """refs/<revision> (main when none was named), so the name finds this snapshot."""
+        revision = self.hub.revision or "main"
+        if revision != self.download.commit:
+            self.cache.write_ref(check_revision(self.hub.repo_id, revision), self.download.commit)
 
     def _advance(self, count: int) -> None:
+        self.reservations.written(self, count)
         state = self.state
         transferred = state.transferred + count
         elapsed = max(time.monotonic() - self._started, 1e-6)
@@ -212,6 +223,14 @@ class _Transfer:
         if force or state.finished or now - self._published >= _PUBLISH_EVERY:
             self._published = now
             self._loop.call_soon_threadsafe(self._changed.set)
+
+
+def _kept_bytes(cache: RepoCache, file: HubFile) -> int:
+    """Bytes of the file an earlier pull left in its partial file (0 if none)."""
+    try:
+        return min(os.path.getsize(cache.partial(file.digest)), file.size)
+    except OSError:
+        return 0
 
 
 def _marks_complete(name: str) -> bool:

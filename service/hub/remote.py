@@ -28,6 +28,7 @@ from huggingface_hub.errors import (
 )
 
 from service.errors import AccessDenied, ModelNotFound, Unavailable, excerpt
+from service.hub.trust import Digest, check_commit, check_file_name, file_digest
 from service.model_source import HubReference
 
 # Reads of a remote file fetch this much at a time: a GGUF header is read in a few.
@@ -56,8 +57,16 @@ class RemoteRepo:
             )
         if not info.sha:
             raise Unavailable(f"the hub gave no commit for {excerpt(str(hub))}")
-        self.commit: str = info.sha
-        self.sizes: dict[str, int] = {s.rfilename: s.size or 0 for s in info.siblings or []}
+        # Names, hashes and the commit become paths in the cache: checked here, once.
+        self.commit: str = check_commit(hub.repo_id, info.sha)
+        self.sizes: dict[str, int] = {}
+        self.digests: dict[str, Digest] = {}
+        for sibling in info.siblings or []:
+            name = check_file_name(hub.repo_id, sibling.rfilename)
+            self.sizes[name] = _size(hub.repo_id, name, sibling.size)
+            lfs = sibling.lfs
+            sha256 = lfs.get("sha256") if isinstance(lfs, dict) else getattr(lfs, "sha256", None)
+            self.digests[name] = file_digest(hub.repo_id, name, sha256, sibling.blob_id)
         self._files = HfFileSystem(
             endpoint=access.endpoint, token=access.token or False, skip_instance_cache=True
         )
@@ -91,6 +100,15 @@ class RemoteRepo:
             return remote.read(size)
 
 
+def _size(repo: str, name: str, size: object) -> int:
+    if not isinstance(size, int) or isinstance(size, bool) or size < 0:
+        raise Unavailable(
+            f"the hub listed {excerpt(name)} of {excerpt(repo)} without a usable size "
+            f"({excerpt(repr(size))})"
+        )
+    return size
+
+
 @contextmanager
 def hub_errors(hub: HubReference) -> Iterator[None]:
     """The hub's refusals and failures as the service's errors, with what to do."""
@@ -111,8 +129,22 @@ def hub_errors(hub: HubReference) -> Iterator[None]:
             f"the Hugging Face hub has no model {excerpt(hub.repo_id)} (a private one needs "
             "the server to have a token that may read it: --hf-token or HF_TOKEN)"
         ) from exc
-    except (HfHubHTTPError, httpx2.HTTPError, OSError) as exc:
+    except HfHubHTTPError as exc:
+        raise refusal_of(exc.response.status_code if exc.response is not None else 0, label) or (
+            Unavailable(f"the Hugging Face hub could not answer for {label}: {exc}")
+        ) from exc
+    except (httpx2.HTTPError, OSError) as exc:  # OSError: fsspec's, for a read that failed
         raise Unavailable(f"the Hugging Face hub could not answer for {label}: {exc}") from exc
+
+
+def refusal_of(status: int, label: str) -> AccessDenied | None:
+    """A refusal a retry will not change: 401 and 403 are the hub saying no."""
+    if status in (401, 403):
+        return AccessDenied(
+            f"the Hugging Face hub refused access to {label} (HTTP {status}): give the "
+            "server a token that may read it (--hf-token or HF_TOKEN)"
+        )
+    return None
 
 
 class _FetchedForward(io.RawIOBase):

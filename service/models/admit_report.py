@@ -77,4 +77,5 @@ def download_pb(download: Download) -> pb.HubDownload:
         total_bytes=download.total_bytes,
         disk_free_bytes=download.free_bytes,
         fits_on_disk=download.fits_on_disk,
+        choices=[pb.HubFile(path=path, size_bytes=size) for path, size in download.choices.items()],
     )

@@ -287,9 +287,15 @@ class ModelPool:
             return spec
         return await asyncio.to_thread(self.catalog.resolve, name)
 
-    async def admission(self, spec: ModelSpec, capability: Capability) -> Decision:
-        """Admission for a spec, computed off the event loop (it reads files)."""
+    async def admission(
+        self, spec: ModelSpec, capability: Capability, *, from_hub: bool = False
+    ) -> Decision:
+        """Admission for a spec, computed off the event loop (it reads files). `from_hub`:
+        a hub model is judged from the hub's listing even when a copy is cached, so
+        the answer carries the hashes that copy is checked against."""
         source = await asyncio.to_thread(spec.locate)
+        if from_hub and source.hub is not None:
+            source = dataclasses.replace(source, path=None)
         return await asyncio.to_thread(self._admit, source, capability)
 
     async def discard(self, model: LoadedModel, why: str) -> None:

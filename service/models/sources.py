@@ -196,6 +196,15 @@ class SourceResolver:
         _find_absolute(root, f"{self._hub.real}/{folder}/{where}/{revision}", label)
 
 
+def hub_reference(reference: str) -> HubReference | None:
+    """`owner/name[@revision][:file]` as a hub reference; None if it is not one."""
+    check_model_name(reference)
+    match = _HUB_REFERENCE.match(reference)
+    if match is None or ".." in reference.split("/") or (match["revision"] or "").startswith("/"):
+        return None
+    return HubReference(match["repo"], match["revision"], match["file"])
+
+
 def _refuse_parent_steps(reference: str) -> None:
     if ".." in reference.split("/"):
         raise AccessDenied(f"model reference {excerpt(reference)} may not contain '..'")

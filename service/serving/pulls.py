@@ -9,16 +9,18 @@ concurrent callers share. A model already on disk needs no transfer.
 from __future__ import annotations
 
 import asyncio
-import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
+from pathlib import Path
 
 from service.admission import Capability, Decision
-from service.errors import InvalidRequest, NotSupported, Overloaded
+from service.errors import InvalidRequest, NotSupported, excerpt
+from service.hub.inventory import CachedModel, cached_models, delete_cached
 from service.hub.pull import Puller, PullState
 from service.model_source import HubReference, ModelSource
 from service.models.catalog import ModelSpec
 from service.models.pool import ModelPool
+from service.models.sources import hub_reference
 
 
 @dataclass(frozen=True)
@@ -27,47 +29,69 @@ class PullStep:
     state: PullState
 
 
-@dataclass(frozen=True)
-class Pulled:
-    """What pulling before a Generate cost it."""
-
-    milliseconds: float
-    transferred: int
-
-
 class Pulls:
     def __init__(
-        self, pool: ModelPool, puller: Puller | None, refusal: str, *, on_demand: bool = False
+        self,
+        pool: ModelPool,
+        puller: Puller | None,
+        refusal: str,
+        *,
+        on_demand: bool = False,
+        cache_dir: Path | None = None,
+        may_delete: bool = False,
     ) -> None:
         self._pool = pool
         self._puller = puller
         self._refusal = refusal  # why there is no puller
         self._on_demand = on_demand and puller is not None
+        self.cache_dir = cache_dir
+        self._may_delete = may_delete and cache_dir is not None
 
     async def transfer(self, model: str, capability: Capability) -> AsyncIterator[PullStep]:
-        """The steps of pulling `model`; none when it is on disk already."""
+        """The steps of pulling `model`. A cached copy is checked against the hub's
+        hashes, and what fails is fetched again; a sound one moves no byte."""
         if self._puller is None:
             raise NotSupported(self._refusal)
         spec, source = await self._resolve(model)
         if source.hub is None:
             raise InvalidRequest(f"{model!r} is not a Hugging Face hub model: nothing to pull")
-        if not source.available_locally:
-            async for step in self._fetch(model, spec, source.hub, capability):
-                yield step
+        async for step in self._fetch(model, spec, source.hub, capability):
+            yield step
 
-    async def before_generate(self, model: str) -> Pulled | None:
-        """With --pull-on-demand, pull a hub model that is not on disk; None if nothing
-        was pulled (pulling on demand is off, or the model needs none)."""
+    async def before_generate(self, model: str) -> AsyncIterator[PullState]:
+        """With --pull-on-demand, pull a hub model that is not on disk, and say how it
+        goes; nothing when pulling on demand is off or the model needs no pull."""
         if not self._on_demand:
-            return None
+            return
         spec, source = await self._resolve(model)
         if source.hub is None or source.available_locally:
-            return None
-        began = time.monotonic()
-        transferred = 0
+            return
         async for step in self._fetch(model, spec, source.hub, Capability.TEXT):
-            transferred = step.state.transferred
-        return Pulled((time.monotonic() - began) * 1000, transferred)
+            yield step.state
+
+    async def cached(self) -> list[CachedModel]:
+        """What the hub cache holds."""
+        if self.cache_dir is None:
+            return []
+        return await asyncio.to_thread(cached_models, self.cache_dir)
+
+    async def delete(self, model: str) -> tuple[list[str], int]:
+        """Remove a repo, or one revision of it, from the hub cache."""
+        if not self._may_delete or self.cache_dir is None:
+            raise NotSupported(
+                "this server does not let clients change its hub cache: start it with "
+                "--allow-pull to allow pulls and deletions"
+            )
+        hub = hub_reference(model)
+        if hub is None:
+            raise InvalidRequest(
+                f"{excerpt(model)} is not a hub model: name owner/name or owner/name@REVISION"
+            )
+        if self._puller is not None and self._puller.busy(hub.repo_id):
+            raise NotSupported(
+                f"{excerpt(hub.repo_id)} is being pulled: delete it once the pull has ended"
+            )
+        return await asyncio.to_thread(delete_cached, self.cache_dir, hub)
 
     async def _resolve(self, model: str) -> tuple[ModelSpec, ModelSource]:
         spec = await asyncio.to_thread(self._pool.catalog.resolve, model)
@@ -78,14 +102,9 @@ class Pulls:
     ) -> AsyncIterator[PullStep]:
         """Admission, the disk check, then the (shared) transfer."""
         assert self._puller is not None
-        decision = await self._pool.admission(spec, capability)
+        decision = await self._pool.admission(spec, capability, from_hub=True)
         download = decision.download
         if not decision.admitted or download is None:
             raise NotSupported(f"{model!r} is not pulled: {decision.reason}")
-        if not download.fits_on_disk:
-            raise Overloaded(
-                f"{model!r} takes {download.total_bytes} bytes; the disk holding the hub "
-                f"cache has {download.free_bytes} free"
-            )
         async for state in self._puller.pull(hub, download):
             yield PullStep(decision, state)

@@ -357,6 +357,17 @@ export declare type GenerateResponse = Message<"inference.v1.GenerateResponse"> 
      */
     value: GenerationFinished;
     case: "finished";
+  } | {
+    /**
+     * With --pull-on-demand, a Generate on a hub model that is not downloaded
+     * pulls it first and streams the pull's progress before GenerationStarted:
+     * one event as the pull starts, then as bytes arrive (at most ten a
+     * second). No other stream carries it.
+     *
+     * @generated from field: inference.v1.PullProgress pull_progress = 4;
+     */
+    value: PullProgress;
+    case: "pullProgress";
   } | { case: undefined; value?: undefined };
 };
 
@@ -367,7 +378,7 @@ export declare type GenerateResponse = Message<"inference.v1.GenerateResponse"> 
 export declare const GenerateResponseSchema: GenMessage<GenerateResponse>;
 
 /**
- * The first event of every Generate stream.
+ * The first event of every Generate stream (after any pull_progress).
  *
  * @generated from message inference.v1.GenerationStarted
  */
@@ -963,6 +974,15 @@ export declare type HubDownload = Message<"inference.v1.HubDownload"> & {
    * @generated from field: bool fits_on_disk = 6;
    */
   fitsOnDisk: boolean;
+
+  /**
+   * For a GGUF repo: every GGUF file it offers (a split one by its first
+   * part) with its bytes (all parts), to choose a quantization from:
+   * name one as owner/name:FILE or by its tag (owner/name:Q4_K_M).
+   *
+   * @generated from field: repeated inference.v1.HubFile choices = 7;
+   */
+  choices: HubFile[];
 };
 
 /**
@@ -1155,6 +1175,172 @@ export declare type PullFinished = Message<"inference.v1.PullFinished"> & {
  * Use `create(PullFinishedSchema)` to create a new message.
  */
 export declare const PullFinishedSchema: GenMessage<PullFinished>;
+
+/**
+ * @generated from message inference.v1.ListCachedRequest
+ */
+export declare type ListCachedRequest = Message<"inference.v1.ListCachedRequest"> & {
+};
+
+/**
+ * Describes the message inference.v1.ListCachedRequest.
+ * Use `create(ListCachedRequestSchema)` to create a new message.
+ */
+export declare const ListCachedRequestSchema: GenMessage<ListCachedRequest>;
+
+/**
+ * @generated from message inference.v1.ListCachedResponse
+ */
+export declare type ListCachedResponse = Message<"inference.v1.ListCachedResponse"> & {
+  /**
+   * @generated from field: repeated inference.v1.CachedRepo repos = 1;
+   */
+  repos: CachedRepo[];
+
+  /**
+   * The hub cache's folder on the server, and the free bytes of its disk.
+   *
+   * @generated from field: string cache_dir = 2;
+   */
+  cacheDir: string;
+
+  /**
+   * @generated from field: uint64 disk_free_bytes = 3;
+   */
+  diskFreeBytes: bigint;
+};
+
+/**
+ * Describes the message inference.v1.ListCachedResponse.
+ * Use `create(ListCachedResponseSchema)` to create a new message.
+ */
+export declare const ListCachedResponseSchema: GenMessage<ListCachedResponse>;
+
+/**
+ * @generated from message inference.v1.CachedRepo
+ */
+export declare type CachedRepo = Message<"inference.v1.CachedRepo"> & {
+  /**
+   * "owner/name".
+   *
+   * @generated from field: string repo = 1;
+   */
+  repo: string;
+
+  /**
+   * @generated from field: repeated inference.v1.CachedRevision revisions = 2;
+   */
+  revisions: CachedRevision[];
+
+  /**
+   * Bytes on disk: every blob of the repo, counted once however many
+   * revisions share it, plus interrupted pulls.
+   *
+   * @generated from field: uint64 size_bytes = 3;
+   */
+  sizeBytes: bigint;
+
+  /**
+   * Partial files left by interrupted pulls (never served).
+   *
+   * @generated from field: uint64 incomplete_bytes = 4;
+   */
+  incompleteBytes: bigint;
+
+  /**
+   * The most recent access to any of its files (Unix ms; 0 if unknown).
+   *
+   * @generated from field: int64 last_used_unix_ms = 5;
+   */
+  lastUsedUnixMs: bigint;
+};
+
+/**
+ * Describes the message inference.v1.CachedRepo.
+ * Use `create(CachedRepoSchema)` to create a new message.
+ */
+export declare const CachedRepoSchema: GenMessage<CachedRepo>;
+
+/**
+ * @generated from message inference.v1.CachedRevision
+ */
+export declare type CachedRevision = Message<"inference.v1.CachedRevision"> & {
+  /**
+   * @generated from field: string commit = 1;
+   */
+  commit: string;
+
+  /**
+   * The branches and tags that resolve to it in the cache ("main", "v1.0").
+   *
+   * @generated from field: repeated string refs = 2;
+   */
+  refs: string[];
+
+  /**
+   * @generated from field: repeated inference.v1.HubFile files = 3;
+   */
+  files: HubFile[];
+
+  /**
+   * @generated from field: uint64 size_bytes = 4;
+   */
+  sizeBytes: bigint;
+
+  /**
+   * @generated from field: int64 last_modified_unix_ms = 5;
+   */
+  lastModifiedUnixMs: bigint;
+};
+
+/**
+ * Describes the message inference.v1.CachedRevision.
+ * Use `create(CachedRevisionSchema)` to create a new message.
+ */
+export declare const CachedRevisionSchema: GenMessage<CachedRevision>;
+
+/**
+ * @generated from message inference.v1.DeleteCachedRequest
+ */
+export declare type DeleteCachedRequest = Message<"inference.v1.DeleteCachedRequest"> & {
+  /**
+   * "owner/name" deletes the whole repo; "owner/name@REVISION" one revision
+   * (a branch, a tag or a commit), its files kept where another revision
+   * still uses them.
+   *
+   * @generated from field: string model = 1;
+   */
+  model: string;
+};
+
+/**
+ * Describes the message inference.v1.DeleteCachedRequest.
+ * Use `create(DeleteCachedRequestSchema)` to create a new message.
+ */
+export declare const DeleteCachedRequestSchema: GenMessage<DeleteCachedRequest>;
+
+/**
+ * @generated from message inference.v1.DeleteCachedResponse
+ */
+export declare type DeleteCachedResponse = Message<"inference.v1.DeleteCachedResponse"> & {
+  /**
+   * The commits whose snapshots were deleted, and the bytes freed.
+   *
+   * @generated from field: repeated string commits = 1;
+   */
+  commits: string[];
+
+  /**
+   * @generated from field: uint64 freed_bytes = 2;
+   */
+  freedBytes: bigint;
+};
+
+/**
+ * Describes the message inference.v1.DeleteCachedResponse.
+ * Use `create(DeleteCachedResponseSchema)` to create a new message.
+ */
+export declare const DeleteCachedResponseSchema: GenMessage<DeleteCachedResponse>;
 
 /**
  * @generated from message inference.v1.GenerateImageRequest
@@ -1683,6 +1869,30 @@ export declare const Inference: GenService<{
     methodKind: "server_streaming";
     input: typeof PullRequestSchema;
     output: typeof PullResponseSchema;
+  },
+  /**
+   * ListCached lists the hub models in the server's hub cache: each repo's
+   * revisions, files, sizes and when they were last used, and the bytes of
+   * pulls that were interrupted (kept so the next pull continues them).
+   *
+   * @generated from rpc inference.v1.Inference.ListCached
+   */
+  listCached: {
+    methodKind: "unary";
+    input: typeof ListCachedRequestSchema;
+    output: typeof ListCachedResponseSchema;
+  },
+  /**
+   * DeleteCached removes a hub model from the server's hub cache: one
+   * revision, or the whole repo with its interrupted pulls. Off unless the
+   * server runs with --allow-pull (the same flag that lets clients write it).
+   *
+   * @generated from rpc inference.v1.Inference.DeleteCached
+   */
+  deleteCached: {
+    methodKind: "unary";
+    input: typeof DeleteCachedRequestSchema;
+    output: typeof DeleteCachedResponseSchema;
   },
 }>;
 
