@@ -5,6 +5,9 @@ inference-client generate --json PROMPT    # one JSON object per stream event
 inference-client image PROMPT --out FILE.png [--model M] [--width W] [--height H]
 inference-client admit MODEL [--image]      # can the server serve it, and how
 inference-client pull owner/name[:Q4_K_M]   # download it into the server's cache
+inference-client pull --dry-run owner/name  # what a pull would fetch, and the quantizations
+inference-client cache list [--json]        # the hub models in the server's cache
+inference-client cache delete owner/name[@rev]
 inference-client models
 inference-client health
 
@@ -17,6 +20,7 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+import time
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import NoReturn
@@ -97,11 +101,20 @@ def _summary_line(finished: pb.GenerationFinished) -> str:
 
 
 def _print_stream(stream: Iterable[pb.GenerateResponse], as_json: bool) -> None:
+    bar: tqdm[NoReturn] | None = None  # a pull before the generation (--pull-on-demand)
     for response in stream:
         if as_json:
             print(json_format.MessageToJson(response, indent=None), flush=True)
             continue
         event = response.WhichOneof("event")
+        if event == "pull_progress":
+            progress = response.pull_progress
+            bar = bar or _bytes_bar("pulling", progress.bytes_total, progress.bytes_done)
+            bar.update(progress.bytes_done - bar.n)
+            continue
+        if bar is not None:
+            bar.close()
+            bar = None
         if event == "delta":
             print(response.delta.text, end="", flush=True)
         elif event == "finished":
@@ -171,6 +184,8 @@ def admit(args: argparse.Namespace) -> int:
 def pull(args: argparse.Namespace) -> int:
     """Download a hub model into the server's cache, with a progress bar on stderr."""
     capability = pb.CAPABILITY_IMAGE if args.image else pb.CAPABILITY_TEXT
+    if args.dry_run:
+        return _dry_run(args, capability)
     finished: pb.PullFinished | None = None
     bar: tqdm[NoReturn] | None = None
     with _channel(args) as channel:
@@ -206,16 +221,92 @@ def _pull_bar(model: str, started: pb.PullStarted) -> tqdm[NoReturn]:
         f"{count} file{'s' if count != 1 else ''}",
         file=sys.stderr,
     )
+    return _bytes_bar(model, download.total_bytes, started.cached_bytes)
+
+
+def _bytes_bar(what: str, total: int, initial: int) -> tqdm[NoReturn]:
     return tqdm(
-        total=download.total_bytes,
-        initial=started.cached_bytes,
-        desc=model,
+        total=total,
+        initial=initial,
+        desc=what,
         unit="B",
         unit_scale=True,
         unit_divisor=1024,
         file=sys.stderr,
         mininterval=0.2,
     )
+
+
+def _dry_run(args: argparse.Namespace, capability: pb.Capability) -> int:
+    """What a pull would fetch, from Admit (which reads the hub's metadata only)."""
+    with _channel(args) as channel:
+        reply = pb_grpc.InferenceStub(channel).Admit(
+            pb.AdmitRequest(model=args.model, capability=capability),
+            timeout=args.timeout,
+            metadata=_metadata(args),
+        )
+    download = reply.download
+    if reply.available_locally:
+        print(f"{args.model} is in the server's cache: a pull checks it and fetches nothing")
+    elif reply.HasField("download"):
+        print(f"{download.repo} at {download.commit[:12]}:")
+        for file in download.files:
+            print(f"  {_size(file.size_bytes):>10}  {file.path}")
+        room = "fits" if download.fits_on_disk else "does NOT fit"
+        print(
+            f"  {_size(download.total_bytes):>10}  in all; {room} in the cache's "
+            f"{_size(download.disk_free_bytes)} free"
+        )
+        chosen = {file.path for file in download.files}
+        if download.choices:
+            print("quantizations in the repo (pull one as owner/name:FILE or :TAG):")
+        for choice in download.choices:
+            mark = "*" if choice.path in chosen else " "
+            print(f"  {mark} {_size(choice.size_bytes):>10}  {choice.path}")
+    print(("admitted: " if reply.admitted else "refused: ") + reply.reason)
+    return 0 if reply.admitted else 1
+
+
+def cache_list(args: argparse.Namespace) -> int:
+    with _channel(args) as channel:
+        reply = pb_grpc.InferenceStub(channel).ListCached(
+            pb.ListCachedRequest(), timeout=args.timeout, metadata=_metadata(args)
+        )
+    if args.json:
+        print(json_format.MessageToJson(reply))
+        return 0
+    print(f"{reply.cache_dir} ({_size(reply.disk_free_bytes)} free)")
+    for repo in reply.repos:
+        used = time.strftime("%Y-%m-%d %H:%M", time.localtime(repo.last_used_unix_ms / 1000))
+        partial = f", {_size(repo.incomplete_bytes)} of interrupted pulls" * bool(
+            repo.incomplete_bytes
+        )
+        print(f"{repo.repo}  {_size(repo.size_bytes)}{partial}, last used {used}")
+        for revision in repo.revisions:
+            refs = f" ({', '.join(revision.refs)})" if revision.refs else ""
+            print(f"  {revision.commit[:12]}{refs}  {_size(revision.size_bytes)}")
+            for file in revision.files:
+                print(f"    {_size(file.size_bytes):>10}  {file.path}")
+    return 0
+
+
+def cache_delete(args: argparse.Namespace) -> int:
+    with _channel(args) as channel:
+        reply = pb_grpc.InferenceStub(channel).DeleteCached(
+            pb.DeleteCachedRequest(model=args.model), timeout=args.timeout, metadata=_metadata(args)
+        )
+    commits = ", ".join(commit[:12] for commit in reply.commits) or "no snapshot"
+    print(f"deleted {args.model} ({commits}): {_size(reply.freed_bytes)} freed")
+    return 0
+
+
+def _size(count: int) -> str:
+    value = float(count)
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if value < 1024 or unit == "GiB":
+            return f"{value:.0f} {unit}" if unit == "B" else f"{value:.1f} {unit}"
+        value /= 1024
+    raise AssertionError("unreachable")
 
 
 def models(args: argparse.Namespace) -> int:
@@ -300,7 +391,21 @@ def build_parser() -> argparse.ArgumentParser:
     )
     fetch.add_argument("model", help="owner/name, owner/name@rev, owner/name:FILE or :Q4_K_M")
     fetch.add_argument("--image", action="store_true", help="an image pipeline")
+    fetch.add_argument(
+        "--dry-run", action="store_true", help="show what would be fetched; fetch nothing"
+    )
     fetch.set_defaults(run=pull)
+
+    cache = commands.add_parser("cache", help="the hub models in the server's cache")
+    cache_commands = cache.add_subparsers(dest="cache_command", required=True)
+    listing = cache_commands.add_parser("list", aliases=["ls"], help="list them")
+    listing.add_argument("--json", action="store_true", help="print the reply as JSON")
+    listing.set_defaults(run=cache_list)
+    delete = cache_commands.add_parser(
+        "delete", aliases=["rm"], help="delete a repo, or one revision (it needs --allow-pull)"
+    )
+    delete.add_argument("model", help="owner/name, or owner/name@REVISION for one revision")
+    delete.set_defaults(run=cache_delete)
 
     commands.add_parser("models", help="list the server's models").set_defaults(run=models)
 

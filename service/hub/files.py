@@ -36,7 +36,7 @@ def repo_kind(names: Collection[str], file: str | None) -> SourceKind:
 def pick_gguf(names: Collection[str], file: str | None, label: str) -> str:
     """The GGUF file a reference means: named exactly, the one whose name carries the
     tag (`:Q4_K_M`), or the repo's only one. For a split file, its first part."""
-    ggufs = sorted(n for n in names if n.endswith(".gguf") and _first_part(n))
+    ggufs = sorted(n for n in names if n.endswith(".gguf") and is_first_part(n))
     if file is not None and file in names:
         return file
     if file is not None:
@@ -77,7 +77,7 @@ def gguf_choices(sizes: dict[str, int]) -> dict[str, int]:
     """Every GGUF a repo offers (a split one by its first part), with its bytes (all parts)."""
     choices: dict[str, int] = {}
     for name in sorted(sizes):
-        if name.endswith(".gguf") and _first_part(name):
+        if name.endswith(".gguf") and is_first_part(name):
             try:
                 choices[name] = sum(sizes[part] for part in gguf_parts(name, sizes))
             except ModelNotFound:  # a split one with a part missing: not a choice
@@ -110,7 +110,8 @@ def _top_level(name: str, suffix: str) -> bool:
     return "/" not in name and name.endswith(suffix)
 
 
-def _first_part(name: str) -> bool:
+def is_first_part(name: str) -> bool:
+    """Whether a GGUF is one llama.cpp opens: a whole file, or a split one's first part."""
     match = SPLIT_GGUF.match(posixpath.basename(name))
     return match is None or name.endswith(f"-00001-of-{match['count']}.gguf")
 

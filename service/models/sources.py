@@ -33,7 +33,7 @@ from huggingface_hub.errors import HFValidationError, LocalEntryNotFoundError
 from huggingface_hub.file_download import repo_folder_name
 
 from service.errors import AccessDenied, InvalidRequest, ModelNotFound, ServiceError, excerpt
-from service.hub.files import SPLIT_GGUF, some_names
+from service.hub.files import SPLIT_GGUF, is_first_part, some_names
 from service.model_source import HubReference, ModelSource, SourceKind
 from service.models import confine
 from service.models.confine import Found, LeadsOutside, TooLarge
@@ -297,7 +297,12 @@ def _survey(root: _Root, directory: str, label: str) -> list[tuple[str, Found]]:
 
 
 def _ggufs(entries: list[tuple[str, Found]]) -> list[str]:
-    return [name for name, entry in entries if name.lower().endswith(".gguf") and entry.is_file]
+    """The GGUF files a model can be loaded from: a split one's later parts are not."""
+    return [
+        name
+        for name, entry in entries
+        if name.lower().endswith(".gguf") and entry.is_file and is_first_part(name)
+    ]
 
 
 def _only_gguf(root: _Root, directory: str, entries: list[tuple[str, Found]], label: str) -> str:
@@ -313,7 +318,10 @@ def _only_gguf(root: _Root, directory: str, entries: list[tuple[str, Found]], la
             f"{excerpt(label)} holds several GGUF files; name one with :FILE or its path "
             f"({some_names(names)})"
         )
-    return _gguf_inside(root, directory, names[0], label)
+    real = _gguf_inside(root, directory, names[0], label)
+    # A split file under its own name, not the hash of the blob it may link to:
+    # llama.cpp finds the other parts by that name.
+    return os.path.join(directory, names[0]) if SPLIT_GGUF.match(names[0]) else real
 
 
 def _holds_a_model(snapshot: str) -> bool:
