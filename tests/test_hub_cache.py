@@ -67,7 +67,8 @@ def server(hub: FakeHub, cache: Path) -> Iterator[tuple[str, pb_grpc.InferenceSt
 
 
 def _pull(stub: pb_grpc.InferenceStub, model: str) -> pb.PullFinished:
-    return list(stub.Pull(pb.PullRequest(model=model)))[-1].finished
+    events: list[pb.PullResponse] = list(stub.Pull(pb.PullRequest(model=model)))
+    return events[-1].finished
 
 
 def _generates(stub: pb_grpc.InferenceStub, model: str) -> None:
