@@ -165,7 +165,13 @@ def test_a_quantization_tag_picks_one_file_of_a_multi_quant_repo(
     with pytest.raises(grpc.RpcError) as caught:
         admit(stub, "acme/multi-quant")
     assert caught.value.code() == grpc.StatusCode.INVALID_ARGUMENT
-    assert "several GGUF files" in str(caught.value.details())
+    details = str(caught.value.details())
+    assert "several GGUF files" in details
+    # The choices, with their sizes, to pick one from.
+    size = hub.repos["acme/multi-quant"].files["smol.Q8_0.gguf"]
+    assert isinstance(size, bytes)
+    assert f"'smol.Q8_0.gguf' {len(size) / 1e9:.2f} GB" in details
+    assert "'smol.Q4_1.gguf'" in details
 
 
 def test_an_awq_repo_is_refused_without_a_weight_byte_moving(

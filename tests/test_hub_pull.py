@@ -16,6 +16,7 @@ from pathlib import Path
 
 import grpc
 import pytest
+from filelock import FileLock
 
 from clients.cli import main
 from inference.v1 import inference_pb2 as pb
@@ -307,3 +308,26 @@ def test_a_pulled_diffusers_pipeline_renders(tmp_path: Path) -> None:
             assert (image.width, image.height) == (64, 32)
     finally:
         fake.stop()
+
+
+def test_a_pull_waits_for_another_process_writing_the_same_blob(
+    hub: FakeHub, tmp_path: Path
+) -> None:
+    """The blob's lock is huggingface_hub's: another server or `hf download` writing the
+    same file into a shared cache is waited for, not raced."""
+    sha256 = hub.repos["acme/smol-gguf"].sha256[SMOLLM_NAME]
+    lock_path = tmp_path / ".locks" / "models--acme--smol-gguf" / f"{sha256}.lock"
+    lock_path.parent.mkdir(parents=True)
+    with serving(pull_settings(hub, tmp_path)) as (_, stub):  # type: ignore[arg-type]
+        stub.Admit(pb.AdmitRequest(model="acme/smol-gguf"))
+        header = hub.bytes_sent("acme/smol-gguf", SMOLLM_NAME)
+        results: list[list[pb.PullResponse]] = []
+        with FileLock(lock_path):  # what huggingface_hub holds while it downloads
+            puller = threading.Thread(target=lambda: results.append(pull(stub, "acme/smol-gguf")))
+            puller.start()
+            time.sleep(1.5)
+            assert hub.bytes_sent("acme/smol-gguf", SMOLLM_NAME) == header
+            assert not results
+        puller.join(timeout=60)
+        assert results[0][-1].finished.admit.available_locally
+        assert hub.bytes_sent("acme/smol-gguf", SMOLLM_NAME) == header + SIZE

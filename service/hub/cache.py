@@ -44,6 +44,13 @@ class RepoCache:
     def partial(self, digest: Digest) -> str:
         return self.blob(digest) + PARTIAL_SUFFIX
 
+    def lock(self, digest: Digest) -> str:
+        """Where huggingface_hub locks a blob while it writes it: taking the same lock
+        keeps this server, another one and `hf download` off each other's files."""
+        return os.path.join(
+            self.root, ".locks", os.path.basename(self.folder), f"{digest.hex}.lock"
+        )
+
     def snapshot_file(self, commit: str, name: str) -> str:
         return os.path.join(self.folder, "snapshots", commit, name)
 

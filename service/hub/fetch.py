@@ -32,9 +32,10 @@ from typing import BinaryIO
 from urllib.parse import quote, urljoin, urlsplit
 
 import httpx2
+from filelock import FileLock, Timeout
 
 from service.errors import DataLoss, ModelNotFound, Unavailable, excerpt
-from service.hub.cache import RepoCache, hash_file, remove
+from service.hub.cache import RepoCache, hash_file, remove, verified
 from service.hub.disk import NO_ROOM, disk_full
 from service.hub.remote import HubAccess, refusal_of
 from service.hub.trust import Digest, check_etag
@@ -43,6 +44,8 @@ from service.hub.trust import Digest, check_etag
 ATTEMPTS = 4
 _BACKOFF = (0.5, 1.0, 2.0)
 _MAX_REDIRECTS = 5
+# How often a pull waiting for another's lock on a file looks whether it is still wanted.
+_LOCK_POLL = 0.5
 _CONTENT_RANGE = re.compile(r"bytes (\d+)-(\d+)/(\d+)")
 
 
@@ -75,6 +78,31 @@ class FileFetch:
 
     def fetch(self, file: HubFile) -> None:
         """Fetch, verify and link one file; its partial is kept if this fails midway."""
+        with self._locked(file.digest):
+            if verified(self.cache.blob(file.digest), file.size, file.digest):
+                self.cache.link(self.commit, file.name, file.digest)  # fetched meanwhile
+                return
+            self._fetch(file)
+
+    @contextmanager
+    def _locked(self, digest: Digest) -> Iterator[None]:
+        """The blob's lock, waited for while the pull still has a caller."""
+        path = self.cache.lock(digest)
+        self.cache.make_parent(path)
+        lock = FileLock(path)
+        while True:
+            try:
+                lock.acquire(timeout=_LOCK_POLL)
+                break
+            except Timeout:
+                if self.cancelled.is_set():
+                    raise Cancelled() from None
+        try:
+            yield
+        finally:
+            lock.release()
+
+    def _fetch(self, file: HubFile) -> None:
         partial = self.cache.partial(file.digest)
         self.cache.make_parent(partial)
         failure: Exception | None = None

@@ -51,10 +51,23 @@ def pick_gguf(names: Collection[str], file: str | None, label: str) -> str:
     if len(ggufs) > 1:
         what = excerpt(file) if file is not None else "the repo"
         raise InvalidRequest(
-            f"{excerpt(label)}: {what} matches several GGUF files ({some_names(ggufs)}); "
+            f"{excerpt(label)}: {what} matches several GGUF files ({_with_sizes(ggufs, names)}); "
             "name one with :FILE or a quantization tag such as :Q4_K_M"
         )
     return ggufs[0]
+
+
+# GGUF choices an ambiguity message lists, with their sizes when the hub gave them.
+_CHOICES_SHOWN = 20
+
+
+def _with_sizes(ggufs: list[str], names: Collection[str]) -> str:
+    if not isinstance(names, dict):
+        return some_names(ggufs)
+    choices = gguf_choices(names)
+    shown = [f"{excerpt(n)} {choices.get(n, 0) / 1e9:.2f} GB" for n in ggufs[:_CHOICES_SHOWN]]
+    more = len(ggufs) - _CHOICES_SHOWN
+    return ", ".join(shown) + (f" and {more} more" if more > 0 else "")
 
 
 def gguf_parts(name: str, names: Collection[str]) -> list[str]:
