@@ -14,9 +14,10 @@ layout (service.hub.cache):
   checked against it: a file that changed on the hub is fetched afresh);
 - no more bytes than the listed size are written, and a body that ends short
   is resumed, a few times, then left for the next pull;
-- the whole file is hashed (sha256 for LFS files, the git blob id for small
-  ones) before it moves, atomically, to `blobs/<hash>` and is linked into the
-  snapshot: a mismatch deletes it and is DATA_LOSS.
+- the file is hashed as it is written (sha256 for LFS files, the git blob id
+  for small ones; the bytes kept from an earlier attempt are hashed from the
+  disk), and only a match moves it, atomically, to `blobs/<hash>` and links it
+  into the snapshot: a mismatch deletes it and is DATA_LOSS.
 """
 
 from __future__ import annotations
@@ -38,7 +39,7 @@ from service.errors import DataLoss, ModelNotFound, Unavailable, excerpt
 from service.hub.cache import RepoCache, hash_file, remove, verified
 from service.hub.disk import NO_ROOM, disk_full
 from service.hub.remote import HubAccess, refusal_of
-from service.hub.trust import Digest, check_etag
+from service.hub.trust import Digest, Hasher, check_etag
 
 # Attempts at one file within one pull, and the pause before each retry.
 ATTEMPTS = 4
@@ -110,7 +111,7 @@ class FileFetch:
             if attempt:
                 time.sleep(_BACKOFF[min(attempt - 1, len(_BACKOFF) - 1)])
             try:
-                self._attempt(file, partial)
+                hasher = self._attempt(file, partial)
                 break
             except _Retry as exc:
                 failure = exc
@@ -120,18 +121,23 @@ class FileFetch:
                 f"{excerpt(self.repo_id)} whole after {ATTEMPTS} attempts ({failure}); what "
                 "arrived is kept, and the next pull continues from there"
             )
-        self._finish(file, partial)
+        self._finish(file, partial, hasher)
 
-    def _attempt(self, file: HubFile, partial: str) -> None:
+    def _attempt(self, file: HubFile, partial: str) -> Hasher:
+        """One request for what the partial file lacks; the hash of the whole file."""
         have = _partial_size(partial, file.size)
-        if have == file.size:
-            return
-        with self._response(file, have) as (response, start):
-            self._receive(file, partial, response, start)
-
-    def _finish(self, file: HubFile, partial: str) -> None:
         hasher = file.digest.hasher(file.size)
-        hash_file(partial, hasher)
+        if have == file.size:
+            hash_file(partial, hasher)
+            return hasher
+        with self._response(file, have) as (response, start):
+            if start:  # the bytes kept from before are hashed from the disk, once
+                hash_file(partial, hasher, limit=start)
+            self._receive(file, partial, response, start, hasher)
+        return hasher
+
+    def _finish(self, file: HubFile, partial: str, hasher: Hasher) -> None:
+        """The hash of what was written decides: into place, or deleted."""
         if hasher.hexdigest() != file.digest.hex:
             remove(partial)
             raise DataLoss(
@@ -242,13 +248,15 @@ class FileFetch:
 
     # --- the body ----------------------------------------------------------------------
 
-    def _receive(self, file: HubFile, partial: str, response: httpx2.Response, start: int) -> None:
+    def _receive(
+        self, file: HubFile, partial: str, response: httpx2.Response, start: int, hasher: Hasher
+    ) -> None:
         """Write the body after the partial's first `start` bytes, no further than the size."""
         try:
             with open(partial, "r+b" if os.path.exists(partial) else "wb") as out:
                 out.seek(start)
                 out.truncate()
-                self._copy(file, response, out, start)
+                self._copy(file, response, out, start, hasher)
         except OSError as exc:
             if exc.errno in NO_ROOM:
                 remove(partial)  # the disk is full for everyone: give the space back
@@ -257,7 +265,10 @@ class FileFetch:
         except httpx2.TransportError as exc:  # the body ended early: the bytes so far stay
             raise _Retry(f"{type(exc).__name__}: {exc}") from exc
 
-    def _copy(self, file: HubFile, response: httpx2.Response, out: BinaryIO, start: int) -> None:
+    def _copy(
+        self, file: HubFile, response: httpx2.Response, out: BinaryIO, start: int, hasher: Hasher
+    ) -> None:
+        """The body into the file and the hash, as it arrives."""
         written = start
         # As the bytes arrive (not in fixed blocks): when the connection drops,
         # everything received is already on disk for the resume.
@@ -273,6 +284,7 @@ class FileFetch:
                     "Check --hf-endpoint"
                 )
             out.write(chunk)
+            hasher.update(chunk)
             written += len(chunk)
             self.on_bytes(len(chunk))
         out.flush()
