@@ -126,6 +126,12 @@ class ServerSettings(BaseModel):
     keepalive_timeout: float = Field(
         default=20.0, gt=0, description="Seconds to wait for a ping's answer before closing."
     )
+    max_streams_per_connection: int = Field(
+        default=256,
+        gt=0,
+        description="Streams one HTTP/2 connection may have open at once (its "
+        "SETTINGS_MAX_CONCURRENT_STREAMS); a proxy opens more connections past it.",
+    )
     health_listen: str | None = Field(
         default=None,
         description="Also serve only grpc.health.v1 on HOST:PORT, plaintext and without auth, "
@@ -356,6 +362,30 @@ class LimitSettings(BaseModel):
         ge=0,
         description="RPCs that may wait for one of the max_concurrent slots; beyond it "
         "RESOURCE_EXHAUSTED at once.",
+    )
+    max_concurrent_per_model: int | None = Field(
+        default=None,
+        gt=0,
+        description="Slots one model may hold at once (default: three quarters of "
+        "max_concurrent), so one model's trouble cannot take every slot.",
+    )
+    max_queue_per_model: int | None = Field(
+        default=None,
+        ge=0,
+        description="RPCs that may wait for one model's slots (default: three quarters of "
+        "max_queue).",
+    )
+    stream_buffer_bytes: ByteSize = Field(
+        default=ByteSize(1 << 20),
+        gt=0,
+        description="Bytes of responses a stream may hold for a client that reads slowly; "
+        "the generation waits while it is full.",
+    )
+    send_stall_seconds: float = Field(
+        default=30.0,
+        gt=0,
+        description="A stream that cannot send one message to its client for this long (the "
+        "client reads nothing) is cancelled, and so is its generation.",
     )
     max_prompt_bytes: ByteSize = Field(
         default=ByteSize(1 << 20),

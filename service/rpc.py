@@ -17,7 +17,8 @@ from __future__ import annotations
 import asyncio
 import functools
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 import grpc
@@ -47,12 +48,14 @@ MAX_STATUS_MESSAGE_CHARS = 2048
 
 
 class Observed(Protocol):
-    """A servicer whose RPCs are counted in its metrics, guarded by its auth, and
-    whose large requests are decoded on its offload pool."""
+    """A servicer whose RPCs are counted in its metrics, guarded by its auth, whose
+    large requests are decoded on its offload pool, and whose streams give up on a
+    client that takes nothing for `send_stall_seconds`."""
 
     metrics: Metrics | None
     auth: BearerAuth | None
     offload: Offload
+    send_stall_seconds: float
 
 
 class _RpcOutcome:
@@ -145,6 +148,30 @@ async def _decoded(servicer: Observed, request: Any) -> Any:
     return request
 
 
+@contextmanager
+def _send_deadline(seconds: float, outcome: _RpcOutcome) -> Iterator[None]:
+    """Cancel the RPC if one message cannot be written within `seconds`.
+
+    gRPC writes a yielded message while the handler is suspended at its yield; a
+    client that grants no flow-control window (or stops reading) would keep it
+    there, and the RPC open, for as long as its connection lives. Cancelling
+    the RPC's task ends the stream (the client sees it reset) and, through the
+    handler's cleanup, whatever was still producing for it."""
+    task = asyncio.current_task()
+    assert task is not None
+    timer = asyncio.get_running_loop().call_later(seconds, _stalled, task, outcome, seconds)
+    try:
+        yield
+    finally:
+        timer.cancel()
+
+
+def _stalled(task: asyncio.Task[Any], outcome: _RpcOutcome, seconds: float) -> None:
+    outcome.summary["error"] = f"the client took no message for {seconds:g} s"
+    log.warning("stream stalled", rpc=outcome.method, seconds=seconds)
+    task.cancel()
+
+
 def unary_rpc(
     method: Callable[[Servicer, Request, Summary], Awaitable[Response]],
 ) -> Callable[[Servicer, Request, Context], Awaitable[Response]]:
@@ -179,7 +206,8 @@ def stream_rpc(
             outcome.begin(context, self.auth)
             async for response in method(self, await _decoded(self, request), outcome.summary):
                 await outcome.answering(context)
-                yield response
+                with _send_deadline(self.send_stall_seconds, outcome):
+                    yield response
         except (asyncio.CancelledError, GeneratorExit):
             outcome.cancelled(context)
             raise

@@ -117,7 +117,12 @@ class InferenceServer:
         limits = ImageLimits(
             settings.image_max_width, settings.image_max_height, settings.image_max_steps
         )
-        self.gate = ConcurrencyGate(settings.max_concurrent, settings.max_queue)
+        self.gate = ConcurrencyGate(
+            settings.max_concurrent,
+            settings.max_queue,
+            settings.max_concurrent_per_model,
+            settings.max_queue_per_model,
+        )
         self.metrics = Metrics(self.pool, self.gate)
         self._offload = Offload()
         token = settings.auth_token
@@ -141,6 +146,8 @@ class InferenceServer:
                 cache_dir=settings.hf_cache_dir,
                 may_delete=settings.allow_pull,
             ),
+            stream_buffer_bytes=int(settings.stream_buffer_bytes),
+            send_stall_seconds=settings.send_stall_seconds,
         )
         add_inference_service(servicer, self._server)
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self._server)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator
 from pathlib import Path
 
 from inference.v1 import inference_pb2 as pb
@@ -28,9 +28,10 @@ from service.offload import Offload
 from service.overload import ConcurrencyGate
 from service.rpc import Summary, stream_rpc, unary_rpc
 from service.serving.images import ImageGenerator
+from service.serving.outbox import ahead_of_reader
 from service.serving.pulls import Pulls
 from service.serving.text import TextGenerator
-from service.text.requests import FinishReason, GenerationLimits
+from service.text.requests import FinishReason, GenerationLimits, GenerationRequest
 
 
 class InferenceServicer(pb_grpc.InferenceServicer):
@@ -48,6 +49,8 @@ class InferenceServicer(pb_grpc.InferenceServicer):
         generation_limits: GenerationLimits | None = None,
         offload: Offload | None = None,
         pulls: Pulls | None = None,
+        stream_buffer_bytes: int = 1 << 20,
+        send_stall_seconds: float = 30.0,
     ) -> None:
         self.metrics = metrics
         self.auth = auth
@@ -61,6 +64,8 @@ class InferenceServicer(pb_grpc.InferenceServicer):
         self._default_image_model = default_image_model
         self.offload = offload or Offload()
         self._pulls = pulls or Pulls(pool, None, "this server does not download models")
+        self._stream_buffer_bytes = stream_buffer_bytes
+        self.send_stall_seconds = send_stall_seconds
 
     @stream_rpc
     async def Generate(
@@ -79,7 +84,20 @@ class InferenceServicer(pb_grpc.InferenceServicer):
         async for pulled in self._pulls.before_generate(summary["model"]):
             yield pb.GenerateResponse(pull_progress=_progress_pb(pulled))
         pull_ms = round((time.monotonic() - received_at) * 1000) if pulled else 0
-        async with self._gate.slot():
+        generated = self._generated(generation, received_at, summary, pulled, pull_ms)
+        async for response in ahead_of_reader(generated, self._stream_buffer_bytes):
+            yield response
+
+    async def _generated(
+        self,
+        generation: GenerationRequest,
+        received_at: float,
+        summary: Summary,
+        pulled: PullState | None,
+        pull_ms: int,
+    ) -> AsyncGenerator[pb.GenerateResponse, None]:
+        """The generation, holding a slot until it ends, not until the client has read it."""
+        async with self._gate.slot(summary["model"]):
             async for response in self._text.generate(generation, received_at=received_at):
                 kind = response.WhichOneof("event")
                 if kind == "started":
@@ -183,8 +201,16 @@ class InferenceServicer(pb_grpc.InferenceServicer):
         check_model_name(request.model)
         image_request = ImageRequest.from_pb(request, self._image_limits, self._default_image_model)
         summary.update(model=image_request.model, seed=image_request.seed)
-        async with self._gate.slot():
-            async for event in self._images.generate(image_request, received_at=received_at):
+        rendered = self._rendered(image_request, received_at, summary)
+        async for response in ahead_of_reader(rendered, self._stream_buffer_bytes):
+            yield response
+
+    async def _rendered(
+        self, request: ImageRequest, received_at: float, summary: Summary
+    ) -> AsyncGenerator[pb.GenerateImageResponse, None]:
+        """The image's events, holding a slot until it is made, not until it is read."""
+        async with self._gate.slot(request.model):
+            async for event in self._images.generate(request, received_at=received_at):
                 if isinstance(event, ImageDone):
                     if self.metrics is not None:
                         self.metrics.image(event)

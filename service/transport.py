@@ -22,6 +22,8 @@ def server_options(settings: Settings) -> list[tuple[str, int]]:
         ("grpc.http2.max_pings_without_data", 0),
         ("grpc.http2.min_recv_ping_interval_without_data_ms", MIN_CLIENT_PING_INTERVAL_MS),
         ("grpc.http2.min_ping_interval_without_data_ms", MIN_CLIENT_PING_INTERVAL_MS),
+        # One connection cannot open streams without end (each costs memory until it ends).
+        ("grpc.max_concurrent_streams", settings.max_streams_per_connection),
     ]
 
 

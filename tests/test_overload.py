@@ -27,7 +27,7 @@ async def _hold(gate: ConcurrencyGate, release: asyncio.Event) -> None:
 
 def test_gate_queues_up_to_its_bound_then_refuses_at_once() -> None:
     async def scenario() -> None:
-        gate = ConcurrencyGate(max_active=2, max_waiting=1)
+        gate = ConcurrencyGate(max_active=2, max_waiting=1, per_model_active=2, per_model_waiting=1)
         release = asyncio.Event()
         holders = [asyncio.create_task(_hold(gate, release)) for _ in range(3)]
         await asyncio.sleep(0)
@@ -37,6 +37,31 @@ def test_gate_queues_up_to_its_bound_then_refuses_at_once() -> None:
                 pass
         release.set()
         await asyncio.gather(*holders)
+        assert (gate.active, gate.waiting) == (0, 0)
+
+    asyncio.run(scenario())
+
+
+async def _hold_model(gate: ConcurrencyGate, model: str, release: asyncio.Event) -> None:
+    async with gate.slot(model):
+        await release.wait()
+
+
+def test_one_model_cannot_take_every_slot() -> None:
+    async def scenario() -> None:
+        gate = ConcurrencyGate(max_active=4, max_waiting=4)  # 3 and 3 per model
+        release = asyncio.Event()
+        busy = [asyncio.create_task(_hold_model(gate, "a", release)) for _ in range(6)]
+        await asyncio.sleep(0)
+        assert (gate.active, gate.waiting) == (3, 3)  # three more of a wait for its slots
+        with pytest.raises(Overloaded, match="model 'a' busy: 3 of its requests running and 3"):
+            async with gate.slot("a"):
+                pass
+        other = asyncio.create_task(_hold_model(gate, "b", release))
+        await asyncio.sleep(0)
+        assert gate.active == 4  # b still gets the slot a could not take
+        release.set()
+        await asyncio.gather(*busy, other)
         assert (gate.active, gate.waiting) == (0, 0)
 
     asyncio.run(scenario())
