@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
 
 from service.errors import ServiceError
+from service.text.plain_content import ControlTexts
 from service.text.requests import Grammar, SamplingDefaults, SamplingParams, TokenLogprob
 
 
@@ -107,7 +108,14 @@ class TextBackend(Protocol):
 
     def sampling_defaults(self) -> SamplingDefaults: ...
 
-    def tokenize(self, text: str, *, add_bos: bool) -> list[int]: ...
+    def tokenize(self, text: str, *, add_bos: bool, special: bool = True) -> list[int]:
+        """Token ids of `text`; `special`: special tokens written in it (a rendered chat
+        template's markers) become their ids, else they are plain text."""
+        ...
+
+    def control_texts(self) -> ControlTexts:
+        """The texts that tokenizing with `special` turns into special tokens."""
+        ...
 
     def token_bytes(self, token_id: int) -> bytes: ...
 

@@ -35,6 +35,7 @@ from mlx_lm.utils import load
 from service.backends.base import TokenStream, common_prefix_length
 from service.backends.failure import load_refused
 from service.errors import BackendFailure
+from service.text.plain_content import ControlTexts
 from service.text.requests import SamplingDefaults, SamplingParams
 
 BACKEND_NAME = "mlx-lm"
@@ -118,6 +119,7 @@ class MlxLmBackend:
         self._bos_id = _bos_id(tokenizer)
         self._adds_bos = _adds_bos(tokenizer, self._bos_id)
         self._pieces = _vocabulary_pieces(tokenizer)
+        self._control_texts: ControlTexts | None = None
         self._cache: list[Any] = make_prompt_cache(model)
         self._cache_ids: list[int] = []
         self._snapshots = not all(isinstance(layer, _ALWAYS_TRIMMABLE) for layer in self._cache)
@@ -156,12 +158,24 @@ class MlxLmBackend:
     def sampling_defaults(self) -> SamplingDefaults:
         return self._sampling_defaults
 
-    def tokenize(self, text: str, *, add_bos: bool) -> list[int]:
-        # Special tokens written in the text (a rendered chat template) become their ids.
-        ids = [int(token) for token in self._tokenizer.encode(text, add_special_tokens=False)]
+    def tokenize(self, text: str, *, add_bos: bool, special: bool = True) -> list[int]:
+        # With `special`, the added tokens written in the text (a rendered chat template's
+        # markers) become their ids; without, transformers splits them as plain text.
+        encoded = self._tokenizer.encode(
+            text, add_special_tokens=False, split_special_tokens=not special
+        )
+        ids = [int(token) for token in encoded]
         if add_bos and self._bos_id is not None:
             ids.insert(0, self._bos_id)
         return ids
+
+    def control_texts(self) -> ControlTexts:
+        """The added tokens marked special: with `split_special_tokens` transformers
+        leaves those as text (the others it matches in text either way)."""
+        if self._control_texts is None:
+            added = self._tokenizer.added_tokens_decoder.values()
+            self._control_texts = ControlTexts(token.content for token in added if token.special)
+        return self._control_texts
 
     def token_bytes(self, token_id: int) -> bytes:
         if 0 <= token_id < len(self._pieces):

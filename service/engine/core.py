@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import cast
 
 from inference.v1 import inference_pb2 as pb
@@ -32,7 +32,8 @@ from service.engine.options import EngineOptions
 from service.errors import NotSupported, ServiceError, Unavailable
 from service.images.backend import GenerationCancelled, ImageBackend
 from service.images.requests import ImageRequest, ImageStep, RenderedImage
-from service.text.requests import Finished, GenerationRequest, Started
+from service.text.plain_content import prompt_ids
+from service.text.requests import ChatMessage, Finished, GenerationRequest, Started, Tool
 from service.tools.base import ToolCallParser
 from service.tools.conventions import parser_for_template, with_tool_calls
 from service.worker import EventSink, ModelWorker
@@ -159,17 +160,25 @@ class EngineCore:
         if request.prompt is not None:
             return self._tokenize(request.prompt, add_bos=backend.adds_bos)
         tokens = backend.template_tokens
-        text = self._render_chat(request, tokens)
+        text = self._render_chat(request.messages, request.tools, tokens)
         # Templates that write the BOS token themselves must not get a second one.
         bos = tokens.get("bos_token", "")
         add_bos = backend.adds_bos and not (bos and text.startswith(bos))
-        return self._tokenize(text, add_bos=add_bos)
+        # What clients wrote stays text: a marker in a message cannot forge a turn.
+        return prompt_ids(
+            text,
+            request.messages,
+            lambda messages: self._render_chat(messages, request.tools, tokens),
+            backend.control_texts(),
+            self._tokenize,
+            add_bos=add_bos,
+        )
 
-    def _tokenize(self, text: str, *, add_bos: bool) -> list[int]:
+    def _tokenize(self, text: str, *, add_bos: bool, special: bool = True) -> list[int]:
         """The library's tokenizer; its failure is this request's (a tokenizer keeps no
         state)."""
         try:
-            return self._text.tokenize(text, add_bos=add_bos)
+            return self._text.tokenize(text, add_bos=add_bos, special=special)
         except ServiceError:
             raise
         except Exception as exc:
@@ -177,12 +186,14 @@ class EngineCore:
                 f"the tokenizer of model {self.options.name!r} failed", exc
             ) from exc
 
-    def _render_chat(self, request: GenerationRequest, tokens: dict[str, str]) -> str:
+    def _render_chat(
+        self, messages: Sequence[ChatMessage], tools: Sequence[Tool], tokens: dict[str, str]
+    ) -> str:
         """The chat template rendered; a template that fails otherwise than by refusing
         (see render_chat) is the model file's fault, and this request's alone."""
         name = self.options.name
         try:
-            return render_chat(self._template(), request.messages, tokens, name, request.tools)
+            return render_chat(self._template(), messages, tokens, name, tools)
         except ServiceError:
             raise
         except Exception as exc:

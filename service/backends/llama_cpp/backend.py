@@ -45,6 +45,7 @@ from service.backends.row_threads import RowThreads
 from service.errors import BackendFailure
 from service.memory import cells_per_sequence
 from service.model_options import ModelOptions
+from service.text.plain_content import ControlTexts
 from service.text.requests import SamplingDefaults
 
 BACKEND_NAME = "llama.cpp"
@@ -163,6 +164,7 @@ class LlamaCppBackend:
         self._memory = llama_cpp.llama_get_memory(self._context.ctx)
         self._vocab = self._model.vocab
         self._n_vocab = self._model.n_vocab()
+        self._control_texts: ControlTexts | None = None
         self._metadata: dict[str, str] = self._model.metadata()
         self._slots = SlotTable(
             slots=llama_cpp.llama_n_seq_max(self._context.ctx),
@@ -230,9 +232,22 @@ class LlamaCppBackend:
                 found[field_name] = convert(self._metadata[key])
         return SamplingDefaults(**found)
 
-    def tokenize(self, text: str, *, add_bos: bool) -> list[int]:
-        ids = self._model.tokenize(text.encode("utf-8"), add_bos=add_bos, special=True)
+    def tokenize(self, text: str, *, add_bos: bool, special: bool = True) -> list[int]:
+        ids = self._model.tokenize(text.encode("utf-8"), add_bos=add_bos, special=special)
         return [int(token) for token in ids]
+
+    def control_texts(self) -> ControlTexts:
+        """The texts llama.cpp parses as tokens only with `special`: control and unknown
+        tokens (user-defined ones, such as Gemma's HTML tags, are matched in plain text
+        too), read from the vocabulary once."""
+        if self._control_texts is None:
+            special = llama_cpp.LLAMA_TOKEN_ATTR_CONTROL | llama_cpp.LLAMA_TOKEN_ATTR_UNKNOWN
+            self._control_texts = ControlTexts(
+                self._token_text(token)
+                for token in range(self._n_vocab)
+                if llama_cpp.llama_vocab_get_attr(self._vocab, token) & special
+            )
+        return self._control_texts
 
     def token_bytes(self, token_id: int) -> bytes:
         buffer = getattr(self._pieces, "buffer", None)
