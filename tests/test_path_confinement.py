@@ -157,7 +157,7 @@ def test_a_name_with_nul_is_invalid(stub: pb_grpc.InferenceStub, model: str) -> 
 
 def test_a_gguf_in_a_subfolder_is_served(stub: pb_grpc.InferenceStub) -> None:
     events = generate(stub, "smol")
-    assert events[0].started.model == "smol"
+    assert events[0].started.model == "smol/smol.gguf"  # the file the folder holds
     assert finished_of(events).usage.completion_tokens == 2
     assert admit(stub, "alias.gguf").admitted  # a symlink to elsewhere inside
 

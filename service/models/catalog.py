@@ -70,7 +70,7 @@ class Catalog:
         source = self._resolver.resolve(name)  # refuses paths outside the allowed roots
         return replace(
             self._defaults,
-            name=name,
+            name=self._resolver.canonical_name(source, name),
             label=source.describe(),
             locate=lambda: source,
             configured=False,

@@ -103,6 +103,22 @@ class SourceResolver:
         with _filesystem_errors(reference):
             return self._trusted(reference) if trusted else self._untrusted(reference)
 
+    def canonical_name(self, source: ModelSource, reference: str) -> str:
+        """One name per model, however a request spelled it: a hub model by its parsed
+        reference; a file or directory by its real path relative to the allowed root
+        holding it (`x.gguf`, `./x.gguf`, `x.gguf/.` and `/srv/models/x.gguf` are one
+        model, with one engine and one set of metric labels)."""
+        if source.hub is not None:
+            return str(source.hub)
+        if source.path is None:
+            return reference
+        real = os.path.realpath(source.path)
+        for root in [*self._roots, self._hub]:
+            relative = root.relative(real)
+            if relative is not None:
+                return relative.lstrip("/") or reference
+        return real
+
     def from_hub_cache(self, hub: HubReference, *, trusted: bool = False) -> ModelSource:
         """The cached snapshot of a hub repo, or a source with no path if it is not cached."""
         root = _ANYWHERE if trusted else self._hub
