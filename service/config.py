@@ -126,6 +126,15 @@ class ServerSettings(BaseModel):
     keepalive_timeout: float = Field(
         default=20.0, gt=0, description="Seconds to wait for a ping's answer before closing."
     )
+    max_health_watches: int = Field(
+        default=1024,
+        gt=0,
+        description="grpc.health.v1 Watch streams open at once, server-wide (Watch needs no "
+        "token); past it RESOURCE_EXHAUSTED.",
+    )
+    max_health_watches_per_connection: int = Field(
+        default=16, gt=0, description="Health Watch streams one connection may hold open."
+    )
     max_streams_per_connection: int = Field(
         default=256,
         gt=0,

@@ -13,6 +13,12 @@ from inference.v1 import inference_pb2 as pb
 from service.config import Settings
 from service.errors import InvalidRequest
 
+# Fixed bounds on the parts of a request the prompt limit does not see whole: each is
+# far past what a real request sends, and each check costs nothing.
+MAX_TOOL_DESCRIPTION_CHARS = 16 * 1024
+MAX_TOOL_CALLS_PER_MESSAGE = 128
+MAX_NAME_CHARS = 256  # a message's name, a tool call's id and name
+
 
 @dataclass(frozen=True)
 class RequestLimits:
@@ -34,6 +40,7 @@ class RequestLimits:
             raise InvalidRequest(
                 f"at most {self.max_messages} messages per request, got {len(request.messages)}"
             )
+        _check_tools(request)
         size = _prompt_bytes(request, self.max_prompt_bytes)
         if size > self.max_prompt_bytes:
             raise InvalidRequest(
@@ -46,14 +53,43 @@ class RequestLimits:
             )
 
 
+def _check_tools(request: pb.GenerateRequest) -> None:
+    """Tool descriptions, names, ids and calls per message: bounded one by one."""
+    for index, tool in enumerate(request.tools):
+        if len(tool.description) > MAX_TOOL_DESCRIPTION_CHARS:
+            raise InvalidRequest(
+                f"tools[{index}] description is {len(tool.description)} characters; at most "
+                f"{MAX_TOOL_DESCRIPTION_CHARS}"
+            )
+    for index, message in enumerate(request.messages):
+        if len(message.tool_calls) > MAX_TOOL_CALLS_PER_MESSAGE:
+            raise InvalidRequest(
+                f"messages[{index}] has {len(message.tool_calls)} tool calls; at most "
+                f"{MAX_TOOL_CALLS_PER_MESSAGE}"
+            )
+        names = [message.name, message.tool_call_id]
+        names += [text for call in message.tool_calls for text in (call.id, call.name)]
+        if any(len(name) > MAX_NAME_CHARS for name in names):
+            raise InvalidRequest(
+                f"messages[{index}]: a name, tool call id or tool name is over "
+                f"{MAX_NAME_CHARS} characters"
+            )
+
+
 def _prompt_bytes(request: pb.GenerateRequest, limit: int) -> int:
-    """UTF-8 bytes of the prompt, or of every message's role and content.
+    """UTF-8 bytes of the prompt, or of every message's text, tool calls included, and
+    the tools' descriptions and schemas: all of it reaches the template.
 
     A text has at least as many bytes as characters, so texts with more
     characters than `limit` are over it without being encoded: the character
     count is returned then.
     """
-    texts = [request.prompt] + [text for m in request.messages for text in (m.role, m.content)]
+    texts = [request.prompt]
+    for message in request.messages:
+        texts += [message.role, message.content, message.name, message.tool_call_id]
+        texts += [call.arguments_json for call in message.tool_calls]
+    for tool in request.tools:
+        texts += [tool.description, tool.parameters_json]
     characters = sum(map(len, texts))
     if characters > limit:
         return characters

@@ -40,6 +40,7 @@ from service.offload import Offload
 from service.overload import ConcurrencyGate
 from service.registration import add_inference_service
 from service.servicer import InferenceServicer
+from service.serving.health import BoundedHealthServicer
 from service.serving.images import ImageGenerator
 from service.serving.pulls import Pulls
 from service.serving.text import TextGenerator
@@ -104,8 +105,9 @@ class InferenceServer:
         self.pool = build_pool(settings)
         self.pool.on_engine_exit = self._engine_exited
         self.pool.on_loaded = self._model_loaded
-        # grpc-stubs predates health.aio, hence the ignore.
-        self.health = health.aio.HealthServicer()  # type: ignore[attr-defined]
+        self.health = BoundedHealthServicer(
+            settings.max_health_watches, settings.max_health_watches_per_connection
+        )
         self._server = grpc.aio.server(options=server_options(settings))
         self._health_server: grpc.aio.Server | None = None
         self._warm_task: asyncio.Task[None] | None = None

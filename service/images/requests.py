@@ -9,6 +9,10 @@ from inference.v1 import inference_pb2 as pb
 from service.errors import InvalidRequest
 
 SIZE_MULTIPLE = 8
+# Image prompts: CLIP reads 77 tokens, T5 encoders a few hundred; far past both.
+MAX_PROMPT_CHARS = 8 * 1024
+# Classifier-free guidance: pipelines use 1-20; past this, or not finite, is no image.
+MAX_GUIDANCE = 50.0
 
 
 @dataclass(frozen=True)
@@ -56,6 +60,12 @@ class ImageRequest:
             )
         if not self.prompt.strip():
             raise InvalidRequest("the request needs a non-empty `prompt`")
+        for name, text in (("prompt", self.prompt), ("negative_prompt", self.negative_prompt)):
+            if len(text) > MAX_PROMPT_CHARS:
+                raise InvalidRequest(
+                    f"{name} is {len(text)} characters; at most {MAX_PROMPT_CHARS} (the "
+                    "text encoders read a few hundred tokens of it)"
+                )
         for name, value, limit in (
             ("width", self.width, limits.max_width),
             ("height", self.height, limits.max_height),
@@ -68,8 +78,10 @@ class ImageRequest:
                 raise InvalidRequest(f"{name} is at most {limit} on this server, got {value}")
         if self.steps is not None and not 1 <= self.steps <= limits.max_steps:
             raise InvalidRequest(f"steps must be in [1, {limits.max_steps}], got {self.steps}")
-        if self.guidance is not None and not self.guidance >= 0:
-            raise InvalidRequest(f"guidance must be >= 0, got {self.guidance}")
+        if self.guidance is not None and not 0 <= self.guidance <= MAX_GUIDANCE:
+            raise InvalidRequest(
+                f"guidance must be a number in [0, {MAX_GUIDANCE:g}], got {self.guidance}"
+            )
 
 
 @dataclass(frozen=True)
