@@ -222,6 +222,12 @@ class PoolSettings(BaseModel):
         description="The Hugging Face hub's address (default: HF_ENDPOINT, else "
         "https://huggingface.co).",
     )
+    hf_metadata_timeout: float = Field(
+        default=30.0,
+        gt=0,
+        description="Seconds an Admit or Pull waits for the hub's metadata before "
+        "UNAVAILABLE (hub calls run on threads of their own, never the ones loads use).",
+    )
     hf_token: SecretStr | None = Field(
         default_factory=lambda: _hub_token(),
         description="A Hugging Face token, for gated and private repos (default: HF_TOKEN, "

@@ -25,6 +25,7 @@ from service.auth import BearerAuth
 from service.config import Settings, load_settings
 from service.hub.pull import Puller
 from service.hub.remote import HubAccess
+from service.hub.work import HubWork
 from service.images.external import CommandResolver
 from service.images.requests import ImageLimits
 from service.limits import RequestLimits
@@ -77,7 +78,13 @@ def build_pool(settings: Settings) -> ModelPool:
             hub_cache=settings.hf_cache_dir,
         )
 
-    return ModelPool(Catalog(settings, resolver), admit, engine_starter(settings), limits)
+    return ModelPool(
+        Catalog(settings, resolver),
+        admit,
+        engine_starter(settings),
+        limits,
+        HubWork(timeout=settings.hf_metadata_timeout),
+    )
 
 
 def _hub_access(settings: Settings) -> HubAccess:

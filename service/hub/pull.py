@@ -117,7 +117,14 @@ class _Transfer:
     def start(self, on_end: Callable[[], None]) -> None:
         async def run() -> None:
             try:
-                await asyncio.to_thread(self._run)
+                # A thread of its own: a transfer lasts minutes, and must not hold one
+                # of the threads that loads and admissions share.
+                done = asyncio.get_running_loop().create_future()
+                thread = threading.Thread(
+                    target=self._run_then, args=(done,), name="pull", daemon=True
+                )
+                thread.start()
+                await done
             finally:
                 on_end()
 
@@ -135,6 +142,12 @@ class _Transfer:
                 await self._changed.wait()
 
     # --- on the transfer's thread ---------------------------------------------------
+
+    def _run_then(self, done: asyncio.Future[None]) -> None:
+        try:
+            self._run()
+        finally:
+            self._loop.call_soon_threadsafe(_resolve, done)
 
     def _run(self) -> None:
         try:
@@ -223,6 +236,11 @@ class _Transfer:
         if force or state.finished or now - self._published >= _PUBLISH_EVERY:
             self._published = now
             self._loop.call_soon_threadsafe(self._changed.set)
+
+
+def _resolve(done: asyncio.Future[None]) -> None:
+    if not done.done():
+        done.set_result(None)
 
 
 def _kept_bytes(cache: RepoCache, file: HubFile) -> int:

@@ -43,6 +43,7 @@ from service.backends.names import LLAMA_CPP
 from service.engine.base import Engine, EngineCrashed, EngineHooks
 from service.engine.crash_backoff import CrashHistory
 from service.errors import NotSupported, Overloaded
+from service.hub.work import HubWork
 from service.memory import MemoryNeed, format_bytes
 from service.model_source import ModelSource
 from service.models.catalog import Catalog, ModelSpec
@@ -157,8 +158,11 @@ class ModelPool:
         admitter: Admitter,
         starter: EngineStarter,
         limits: PoolLimits,
+        hub_work: HubWork | None = None,
     ) -> None:
         self.catalog = catalog
+        # Admission that asks the hub runs here, never on the threads loads use.
+        self._hub_work = hub_work or HubWork()
         self.limits = limits
         self.stats = PoolStats()
         self.crashes = CrashHistory(limits.crash_limit, limits.crash_window)
@@ -296,6 +300,8 @@ class ModelPool:
         source = await asyncio.to_thread(spec.locate)
         if from_hub and source.hub is not None:
             source = dataclasses.replace(source, path=None)
+        if source.hub is not None and source.path is None:  # the hub's metadata is read
+            return await self._hub_work.run(self._admit, source, capability)
         return await asyncio.to_thread(self._admit, source, capability)
 
     async def discard(self, model: LoadedModel, why: str) -> None:
