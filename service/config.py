@@ -258,6 +258,18 @@ class PoolSettings(BaseModel):
         description="Seconds a load may wait for busy models to free memory before "
         "RESOURCE_EXHAUSTED.",
     )
+    engine_hang_seconds: float = Field(
+        default=30.0,
+        gt=0,
+        description="An engine process that sends nothing (not even its heartbeat) for this "
+        "long while it has requests is frozen: it is killed and its requests end UNAVAILABLE.",
+    )
+    engine_stall_seconds: float = Field(
+        default=300.0,
+        gt=0,
+        description="An engine whose model makes no progress (no decode step, no task done) "
+        "for this long while it has requests is stuck: it is killed likewise.",
+    )
     engine_mode: Literal["process", "in-process"] = Field(
         default="process",
         description="process: each loaded model runs in an engine process of its own, so "

@@ -12,7 +12,8 @@ from __future__ import annotations
 
 import asyncio
 import signal
-from collections.abc import Sequence
+from collections.abc import Coroutine, Sequence
+from typing import Any
 
 import grpc
 import structlog
@@ -49,6 +50,8 @@ from service.text.requests import GenerationLimits
 from service.transport import server_credentials, server_options
 
 log = structlog.get_logger("server")
+SERVING = health_pb2.HealthCheckResponse.SERVING
+NOT_SERVING = health_pb2.HealthCheckResponse.NOT_SERVING
 
 INFERENCE_SERVICE = pb.DESCRIPTOR.services_by_name["Inference"].full_name
 SERVICE_NAMES = (INFERENCE_SERVICE, health.SERVICE_NAME, reflection.SERVICE_NAME)
@@ -223,22 +226,35 @@ class InferenceServer:
         log.info("default model loaded", model=name)
 
     def _model_loaded(self, model: str) -> None:
-        """The default model loaded (at start, after a crash, or by a request after a
-        failed reload): the server serves."""
+        """A model loaded: it serves (health service `model/NAME`); the default model
+        (at start, after a crash, or by a request after a failed reload): the server
+        serves."""
+        self._in_background(self.health.set(model_service(model), SERVING))
         if model == self.settings.default_model and not self._stopping:
-            task = asyncio.create_task(self._set_health(health_pb2.HealthCheckResponse.SERVING))
-            self._health_updates.add(task)
-            task.add_done_callback(self._health_updates.discard)
+            self._in_background(self._set_health(SERVING))
+
+    def _in_background(self, update: Coroutine[Any, Any, None]) -> None:
+        task = asyncio.create_task(update)
+        self._health_updates.add(task)
+        task.add_done_callback(self._health_updates.discard)
 
     def _engine_exited(self, model: str) -> None:
-        """An engine died. Health stays SERVING, unless it was the default model's and
-        it cannot be loaded again: reload that one now rather than at the next request."""
+        """An engine died (or was killed, hung): its model cannot serve until it loads
+        again (`model/NAME` is NOT_SERVING). The server's health stays SERVING, unless it
+        was the default model's and it cannot be loaded again: reload that one now
+        rather than at the next request."""
+        self._in_background(self.health.set(model_service(model), NOT_SERVING))
         if model == self.settings.default_model and not self._stopping:
             self._warm_task = asyncio.create_task(self._warm_default_model())
 
     async def _set_health(self, status: health_pb2.HealthCheckResponse.ServingStatus) -> None:
         for service in ("", INFERENCE_SERVICE):
             await self.health.set(service, status)
+
+
+def model_service(model: str) -> str:
+    """The health service name that says whether one model can serve."""
+    return f"model/{model}"
 
 
 async def serve(settings: Settings) -> None:

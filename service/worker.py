@@ -157,6 +157,9 @@ class ModelWorker:
         self._inbox: queue.SimpleQueue[Callable[[], None] | object] = queue.SimpleQueue()
         self._background: Callable[[], bool] | None = None
         self._closed = threading.Event()
+        # Tasks and steps completed: read from other threads as a sign of life (an int
+        # read is atomic under the GIL; a stale one is a second late, no more).
+        self.progress = 0
         self._thread = threading.Thread(target=self._run, name=f"model:{name}", daemon=True)
         self._thread.start()
 
@@ -232,8 +235,10 @@ class ModelWorker:
                     return
                 if callable(task):
                     task()
+                    self.progress += 1
             if self._background is not None:
                 more_background = self._step_background(self._background)
+                self.progress += 1
 
     def _sent(self, wait: bool) -> list[Callable[[], None] | object]:
         """Everything sent here so far, to run before the next step; with `wait`, at

@@ -21,6 +21,7 @@ import socket
 import subprocess
 import sys
 import threading
+import time
 from collections.abc import AsyncIterator
 from typing import IO
 
@@ -33,9 +34,10 @@ from service.engine import wire
 from service.engine.base import EngineCrashed, EngineHooks, EngineInfo, MeasuredMemory
 from service.engine.exit_cause import OutputTail, describe_exit, oom_kill_count
 from service.engine.framing import FrameError, encode, read_message
+from service.engine.liveness import Liveness, Pulse
 from service.engine.measure import GpuMemory, rss_bytes
 from service.engine.options import EngineOptions
-from service.errors import ServiceError, Unavailable
+from service.errors import ServiceError, TimedOut, Unavailable
 from service.images.requests import ImageRequest, ImageStep, RenderedImage
 from service.text.requests import GenerationRequest
 
@@ -45,6 +47,8 @@ log = structlog.get_logger("engine")
 SHUTDOWN_SECONDS = 30.0
 # How long after its socket closed a dying engine may take to be reaped.
 EXIT_SECONDS = 5.0
+# How often the front judges whether an engine with work is alive.
+WATCH_SECONDS = 1.0
 
 _Item = epb.Event | ServiceError
 # Shared: one nvidia-smi reading answers for every engine's pid.
@@ -60,6 +64,7 @@ class EngineProcess:
         output: OutputTail,
         oom_kills: int | None,
         hooks: EngineHooks,
+        liveness: Liveness,
     ) -> None:
         self._options = options
         self._process = process
@@ -74,11 +79,17 @@ class EngineProcess:
         self._dead: EngineCrashed | Unavailable | None = None
         self._reading: asyncio.Task[None] | None = None
         self._hooks = hooks
+        self._liveness = liveness
+        self._pulse = Pulse(time.monotonic())
+        self._hung: str | None = None  # why the front killed it
+        self._watching: asyncio.Task[None] | None = None
 
     @classmethod
-    async def start(cls, options: EngineOptions, hooks: EngineHooks) -> EngineProcess:
+    async def start(
+        cls, options: EngineOptions, hooks: EngineHooks, liveness: Liveness | None = None
+    ) -> EngineProcess:
         """A running engine with the model loaded; the load's error if it failed, or
-        EngineCrashed if the process died loading it."""
+        EngineCrashed if the process died loading it. `liveness`: when it counts as hung."""
         front_end, engine_end = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
         oom_kills = oom_kill_count()
         try:
@@ -91,7 +102,7 @@ class EngineProcess:
         output = OutputTail()
         _relay_output(process, options.name, output)
         connection = await asyncio.open_unix_connection(sock=front_end)
-        engine = cls(options, process, connection, output, oom_kills, hooks)
+        engine = cls(options, process, connection, output, oom_kills, hooks, liveness or Liveness())
         try:
             await engine._load()
         except BaseException:
@@ -109,7 +120,9 @@ class EngineProcess:
         if answer is not None and kind == "loaded":
             loaded = answer.loaded
             self._info = EngineInfo(loaded.backend, loaded.context_length, loaded.computes_off_cpu)
+            self._pulse = Pulse(time.monotonic())
             self._reading = asyncio.create_task(self._read_events())
+            self._watching = asyncio.create_task(self._watch())
             return
         if answer is not None and kind == "load_failed":
             await self._reap()
@@ -149,8 +162,14 @@ class EngineProcess:
     ) -> AsyncIterator[pb.GenerateResponse]:
         request_id = next(self._ids)
         message = wire.generate_message(request_id, request, received_at)
-        async for event in self._exchange(request_id, message):
+        async for event in self._exchange(request_id, message, self._ceiling()):
             yield event.text
+
+    def _ceiling(self) -> float | None:
+        """How long after its start the front lets a generation run: the engine's own
+        decode ceiling, plus the time a hung engine takes to be noticed."""
+        limit = self._options.max_decode_seconds
+        return None if limit is None else limit + self._liveness.hang_seconds
 
     async def generate_image(
         self, request: ImageRequest, received_at: float
@@ -186,16 +205,22 @@ class EngineProcess:
 
     # --- the socket -------------------------------------------------------------------------
 
-    async def _exchange(self, request_id: int, message: epb.ToEngine) -> AsyncIterator[epb.Event]:
-        """Send one request; yield its events until its end, raising its error."""
+    async def _exchange(
+        self, request_id: int, message: epb.ToEngine, ceiling: float | None = None
+    ) -> AsyncIterator[epb.Event]:
+        """Send one request; yield its events until its end, raising its error. With a
+        `ceiling`, the request may last that long after its first event, no longer."""
         if self._dead is not None:
             raise self._dead
         queue: asyncio.Queue[_Item] = asyncio.Queue()
         self._requests[request_id] = queue
         self._send(message)
+        deadline: float | None = None
         try:
             while True:
-                item = await queue.get()
+                item = await self._next_item(queue, deadline)
+                if deadline is None and ceiling is not None:
+                    deadline = time.monotonic() + ceiling
                 if isinstance(item, ServiceError):
                     raise item
                 if item.WhichOneof("event") == "end":
@@ -207,6 +232,18 @@ class EngineProcess:
             # Still registered: it stopped before its end (the client went away).
             if self._requests.pop(request_id, None) is not None and self._dead is None:
                 self._send(epb.ToEngine(cancel=epb.Cancel(id=request_id)))
+
+    async def _next_item(self, queue: asyncio.Queue[_Item], deadline: float | None) -> _Item:
+        if deadline is None:
+            return await queue.get()
+        try:
+            return await asyncio.wait_for(queue.get(), max(0.0, deadline - time.monotonic()))
+        except TimeoutError:
+            raise TimedOut(
+                f"model {self.name!r} did not end the generation within its ceiling of "
+                f"{self._options.max_decode_seconds:g} s (--max-decode-seconds); it was "
+                "cancelled"
+            ) from None
 
     def _send(self, message: Message) -> None:
         if not self._writer.is_closing():
@@ -223,11 +260,24 @@ class EngineProcess:
     async def _read_events(self) -> None:
         while (message := await self._next_message()) is not None:
             kind = message.WhichOneof("message")
+            progress = message.heartbeat.progress if kind == "heartbeat" else None
+            self._pulse.heard(time.monotonic(), progress)
             if kind == "events":
                 self._deliver(message.events)
             elif kind == "model_failed":
                 self._hooks.on_failure(message.model_failed)
         await self._ended()
+
+    async def _watch(self) -> None:
+        """Kill the engine if it has work and is frozen or stuck (service.engine.liveness)."""
+        while self._dead is None and self._closing is None:
+            await asyncio.sleep(WATCH_SECONDS)
+            verdict = self._pulse.verdict(time.monotonic(), bool(self._requests), self._liveness)
+            if verdict is not None and self._dead is None and self._closing is None:
+                self._hung = verdict
+                log.error("engine hung; killing it", model=self.name, pid=self.pid, why=verdict)
+                self._process.kill()  # SIGKILL ends a stopped process too
+                return
 
     def _deliver(self, batch: epb.EventBatch) -> None:
         self._running, self._waiting = batch.running, batch.waiting
@@ -243,6 +293,8 @@ class EngineProcess:
     async def _ended(self) -> None:
         """The socket closed: the engine exited. End what is in flight, and say why."""
         cause = describe_exit(await self._reap(), self._oom_kills, oom_kill_count())
+        if self._hung is not None:
+            cause = f"the server killed it: {self._hung}"
         self._running = self._waiting = 0
         if self._closing is not None:
             self._dead = Unavailable(f"{self._closing}; retry")

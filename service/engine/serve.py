@@ -20,6 +20,7 @@ import os
 import signal
 import socket
 import threading
+import time
 from collections.abc import Callable, Sequence
 
 import structlog
@@ -39,6 +40,8 @@ from service.worker import ModelWorker
 log = structlog.get_logger("engine")
 
 PR_SET_PDEATHSIG = 1
+# How often an engine tells the front it lives (service.engine.liveness).
+HEARTBEAT_SECONDS = 1.0
 
 
 def die_with_parent(parent: int) -> None:
@@ -128,9 +131,18 @@ class EngineServer:
         """Load, then serve until the front closes the socket or says to shut down."""
         if not self._load_model():
             return
+        threading.Thread(target=self._beat, name="heartbeat", daemon=True).start()
         for message in self._link.messages(epb.ToEngine):
             if not self._dispatch(message):
                 return
+
+    def _beat(self) -> None:
+        """Tell the front, every HEARTBEAT_SECONDS, that this process lives and how far
+        the worker has got: a frozen process sends nothing, a stuck worker no progress."""
+        while True:  # a daemon thread: it ends with the process
+            beat = epb.Heartbeat(progress=self._worker.progress)
+            self._outgoing.send(epb.FromEngine(heartbeat=beat))
+            time.sleep(HEARTBEAT_SECONDS)
 
     def _load_model(self) -> bool:
         try:

@@ -6,6 +6,7 @@ from pathlib import Path
 
 from service.config import Settings
 from service.engine.base import Engine, EngineHooks
+from service.engine.liveness import Liveness
 from service.engine.local import LocalEngine
 from service.engine.options import EngineOptions
 from service.engine.process import EngineProcess
@@ -41,6 +42,7 @@ def engine_starter(settings: Settings) -> EngineStarter:
         options = engine_options(spec, source.path, backend, settings)
         if settings.engine_mode == "in-process":
             return await LocalEngine.start(options, hooks)
-        return await EngineProcess.start(options, hooks)
+        liveness = Liveness(settings.engine_hang_seconds, settings.engine_stall_seconds)
+        return await EngineProcess.start(options, hooks, liveness)
 
     return start

@@ -22,16 +22,24 @@ class ToEngine(_message.Message):
     def __init__(self, load: _Optional[_Union[Load, _Mapping]] = ..., generate: _Optional[_Union[Generate, _Mapping]] = ..., generate_image: _Optional[_Union[GenerateImage, _Mapping]] = ..., cancel: _Optional[_Union[Cancel, _Mapping]] = ..., shutdown: _Optional[_Union[Shutdown, _Mapping]] = ...) -> None: ...
 
 class FromEngine(_message.Message):
-    __slots__ = ("loaded", "load_failed", "events", "model_failed")
+    __slots__ = ("loaded", "load_failed", "events", "model_failed", "heartbeat")
     LOADED_FIELD_NUMBER: _ClassVar[int]
     LOAD_FAILED_FIELD_NUMBER: _ClassVar[int]
     EVENTS_FIELD_NUMBER: _ClassVar[int]
     MODEL_FAILED_FIELD_NUMBER: _ClassVar[int]
+    HEARTBEAT_FIELD_NUMBER: _ClassVar[int]
     loaded: Loaded
     load_failed: Status
     events: EventBatch
     model_failed: str
-    def __init__(self, loaded: _Optional[_Union[Loaded, _Mapping]] = ..., load_failed: _Optional[_Union[Status, _Mapping]] = ..., events: _Optional[_Union[EventBatch, _Mapping]] = ..., model_failed: _Optional[str] = ...) -> None: ...
+    heartbeat: Heartbeat
+    def __init__(self, loaded: _Optional[_Union[Loaded, _Mapping]] = ..., load_failed: _Optional[_Union[Status, _Mapping]] = ..., events: _Optional[_Union[EventBatch, _Mapping]] = ..., model_failed: _Optional[str] = ..., heartbeat: _Optional[_Union[Heartbeat, _Mapping]] = ...) -> None: ...
+
+class Heartbeat(_message.Message):
+    __slots__ = ("progress",)
+    PROGRESS_FIELD_NUMBER: _ClassVar[int]
+    progress: int
+    def __init__(self, progress: _Optional[int] = ...) -> None: ...
 
 class Load(_message.Message):
     __slots__ = ("name", "backend", "path", "source_kind", "context_size", "threads", "gpu_layers", "main_gpu", "flash_attention", "parallel_sequences", "cached_sequences", "kv_layout", "stream_interval", "max_waiting_sequences", "chat_template", "default_max_tokens", "max_decode_seconds", "log_level")
