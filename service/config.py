@@ -435,6 +435,12 @@ class ImageSettings(BaseModel):
     image_max_width: int = Field(default=2048, gt=0, description="Largest image width.")
     image_max_height: int = Field(default=2048, gt=0, description="Largest image height.")
     image_max_steps: int = Field(default=100, gt=0, description="Most denoising steps.")
+    image_bytes_per_pixel: int = Field(
+        default=4096,
+        gt=0,
+        description="Memory an image request needs per output pixel beyond the weights "
+        "(activations), reserved in the memory budget while it renders.",
+    )
     image_output_dir: Path | None = Field(
         default=None,
         description="Also save every generated image here, under a name the server chooses.",

@@ -156,3 +156,20 @@ def _fail_mid_denoise(
     assert pool.stats.loads["tiny-sd"] == loads + 1
     (fresh,) = [m for m in pool.loaded() if m.name == "tiny-sd"]
     assert fresh is not broken
+
+
+def test_an_image_reserves_its_working_memory_before_it_starts(image_models: Path) -> None:
+    """The activations grow with the pixels: a request whose estimate cannot fit the
+    budget beside its model is refused before a step runs (issue 27: a 2048x2048 image
+    took 4.1 GB while the pool counted 8.6 MB)."""
+    settings = make_settings(models_dir=[image_models], memory_budget="1GiB")
+    with serving(settings) as (running, stub):
+        with pytest.raises(grpc.RpcError) as caught:
+            render(stub, width=1024, height=1024, steps=2)
+        assert caught.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+        details = str(caught.value.details())
+        assert "a 1024x1024 image" in details
+        pool = running.server.pool
+        assert pool.used_bytes() == sum(m.memory_bytes for m in pool.loaded())  # nothing held
+        events = render(stub, width=128, height=128, steps=2)  # 64 MiB: it fits
+        assert events[-1].image.width == 128

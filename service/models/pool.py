@@ -174,6 +174,8 @@ class ModelPool:
         self._start_engine = starter
         self._loaded: dict[str, LoadedModel] = {}  # least recently used first
         self._loading: dict[str, _Load] = {}
+        # Memory requests need beyond their model's while they run (an image's activations).
+        self._working: dict[int, _Load] = {}
         # Out of the pool, still in memory: evicted ones closing, broken ones in use.
         self._leaving: dict[int, LoadedModel] = {}
         # Set, and replaced, whenever memory may have been freed (see `_changed`).
@@ -204,7 +206,8 @@ class ModelPool:
     def _held(self, name: str) -> tuple[int, int, int]:
         """(host bytes, GPU bytes, models) held outside `_loaded` and not by `name`'s own
         load: reservations of loads in progress and models leaving. None is evictable."""
-        loads = [load for load in self._loading.values() if load.name != name]
+        reservations = [*self._loading.values(), *self._working.values()]
+        loads = [load for load in reservations if load.name != name]
         leaving = list(self._leaving.values())
         host = sum(load.host_bytes for load in loads) + sum(m.memory_bytes for m in leaving)
         device = sum(load.device_bytes for load in loads) + sum(m.device_bytes for m in leaving)
@@ -269,6 +272,21 @@ class ModelPool:
             model.active_requests -= 1
             model.last_used = time.time()
             await self._after_release(model)
+
+    @asynccontextmanager
+    async def working_memory(self, need: int, what: str) -> AsyncIterator[None]:
+        """Reserve `need` host bytes in the budget while a request runs (its working
+        memory, beyond its model's weights), evicting idle models as a load would, or
+        waiting for busy ones up to --load-wait; RESOURCE_EXHAUSTED if it cannot fit."""
+        reservation = _Load(name=what)
+        key = id(reservation)
+        self._working[key] = reservation
+        try:
+            await self._make_room(reservation, need)
+            yield
+        finally:
+            del self._working[key]
+            self._changed()
 
     async def get(self, name: str, capability: Capability = Capability.TEXT) -> LoadedModel:
         spec = await self._resolve(name)

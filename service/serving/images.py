@@ -90,8 +90,17 @@ class ImageGenerator:
     ) -> AsyncIterator[ImageStep | _Rendered]:
         async with self._pool.use(request.model, Capability.IMAGE) as model:
             engine = model.require(Capability.IMAGE)
-            async for item in engine.generate_image(request, started):
-                yield (item, engine.info.backend) if isinstance(item, RenderedImage) else item
+            need, what = self._working_memory(request)
+            async with self._pool.working_memory(need, what):
+                async for item in engine.generate_image(request, started):
+                    yield (item, engine.info.backend) if isinstance(item, RenderedImage) else item
+
+    def _working_memory(self, request: ImageRequest) -> tuple[int, str]:
+        """What rendering takes beyond the weights, from the resolution: the activations
+        grow with the pixels (an unset side is taken as 1024, the largest default)."""
+        width, height = request.width or 1024, request.height or 1024
+        need = width * height * self._settings.image_bytes_per_pixel
+        return need, f"{request.model} (a {width}x{height} image)"
 
     def _save(self, image: RenderedImage, request: ImageRequest) -> None:
         """Keep a copy under --image-output-dir, if set. Blocking: run it off the loop."""
