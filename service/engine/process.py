@@ -308,6 +308,8 @@ class EngineProcess:
         requests, self._requests = self._requests, {}
         for queue in requests.values():
             queue.put_nowait(self._dead)
+        if self._watching is not None:  # nothing left to watch
+            self._watching.cancel()
         self._writer.close()
         if self._closing is None:
             self._hooks.on_exit(cause)
