@@ -15,7 +15,7 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from huggingface_hub import CachedRepoInfo, scan_cache_dir
+from huggingface_hub import CachedRepoInfo, HFCacheInfo, scan_cache_dir
 from huggingface_hub.errors import CacheNotFound
 
 from service.errors import ModelNotFound, excerpt
@@ -65,7 +65,8 @@ def delete_cached(cache_dir: Path, hub: HubReference) -> tuple[list[str], int]:
     """Delete a repo (no revision) or one revision of it: the commits deleted, bytes freed."""
     if hub.revision is None:
         return _delete_repo(cache_dir, hub.repo_id)
-    repo = _scanned(cache_dir, hub.repo_id)
+    info = _scan(cache_dir)
+    repo = _repo(info, hub.repo_id)
     commits = [
         revision.commit_hash
         for revision in repo.revisions
@@ -75,7 +76,7 @@ def delete_cached(cache_dir: Path, hub: HubReference) -> tuple[list[str], int]:
         raise ModelNotFound(
             f"the hub cache holds no revision {excerpt(hub.revision)} of {excerpt(hub.repo_id)}"
         )
-    plan = scan_cache_dir(cache_dir).delete_revisions(*commits)
+    plan = info.delete_revisions(*commits)
     plan.execute()
     return commits, plan.expected_freed_size
 
@@ -90,12 +91,15 @@ def _delete_repo(cache_dir: Path, repo_id: str) -> tuple[list[str], int]:
     return [revision.commit for revision in found[0].revisions], found[0].size
 
 
-def _scanned(cache_dir: Path, repo_id: str) -> CachedRepoInfo:
+def _scan(cache_dir: Path) -> HFCacheInfo:
     try:
-        repos = scan_cache_dir(cache_dir).repos
+        return scan_cache_dir(cache_dir)
     except CacheNotFound:
-        repos = frozenset()
-    for repo in repos:
+        raise ModelNotFound(f"the hub cache {cache_dir} does not exist yet") from None
+
+
+def _repo(info: HFCacheInfo, repo_id: str) -> CachedRepoInfo:
+    for repo in info.repos:
         if repo.repo_id == repo_id and repo.repo_type == "model":
             return repo
     raise ModelNotFound(f"the hub cache holds no copy of {excerpt(repo_id)}")
