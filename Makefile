@@ -60,7 +60,11 @@ protos:
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache
 
+# LLAMA_SERVER=PATH/llama-server adds llama.cpp's own server beside the service in bench.serving.
+LLAMA_SERVER ?=
 bench:
+	$(BIN)/python -m bench.serving --num-prompts 24 --input-len 150 --output-len 64 \
+		--concurrency 8 $(if $(LLAMA_SERVER),--llama-server $(LLAMA_SERVER))
 	$(BIN)/python -m bench.generate
 	$(BIN)/python -m bench.image
 	$(BIN)/python -m bench.cluster

@@ -1,0 +1,270 @@
+"""A serving benchmark in the shape of vLLM's benchmark_serving: real traffic, side by side.
+
+    python -m bench.serving [--model gemma3-270m] [--dataset random] [--num-prompts 64]
+        [--input-len 100:2000] [--output-len 32:512] [--concurrency 8 | --request-rate 4]
+        [--llama-server PATH/llama-server] [--sampled] [--out DIR]
+
+Distinct prompts of the drawn lengths (bench.workload: random, shared-prefix or
+multi-turn; seeded) go to the service, started in a subprocess with its
+default settings apart from the sequence count and context, and, with
+`--llama-server`, to llama.cpp's own server on the same model, prompts and
+lengths, one after the other in one run. A fixed concurrency keeps N requests
+in flight; `--request-rate` sends open-loop with Poisson arrivals. For each
+server it prints requests/s, output tokens/s, TTFT p50/p90/p99, inter-token
+latency p50/p99 and goodput (requests/s that met `--slo-ttft-ms` and
+`--slo-itl-ms`), the ratios against llama-server, and the load generator's own
+CPU use (one asyncio process; if it nears 100% of a core, the figures are the
+client's, not the server's). `--out` writes the figures as JSON and a chart.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import statistics
+import subprocess
+import time
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import llama_cpp
+
+from bench.chart import bar_chart
+from bench.llama_server import wait_healthy
+from bench.server import SAMPLED, running_server
+from bench.targets import LlamaServerTarget, Outcome, ServiceTarget, Target
+from bench.workload import Lengths, Request, Texts, parse_range, poisson_gaps, requests
+from service.cluster.launcher import free_port
+from service.config import available_cores
+from service.models.embedded import EMBEDDED_MODELS
+
+
+@dataclass(frozen=True)
+class Figures:
+    server: str
+    requests: int
+    errors: int
+    seconds: float
+    requests_per_second: float
+    output_tokens_per_second: float
+    ttft_ms: dict[str, float]
+    itl_ms: dict[str, float]
+    goodput_rps: float
+    client_cpu: float  # the load generator's CPU seconds per wall second
+
+
+async def drive(
+    target: Target, work: Sequence[Request], concurrency: int, gaps: list[float] | None
+) -> tuple[list[Outcome], float, float]:
+    """Send the work; the outcomes, the wall seconds, the client's CPU seconds."""
+    started, cpu = time.perf_counter(), time.process_time()
+    if gaps is None:
+        outcomes = await _closed_loop(target, work, concurrency)
+    else:
+        outcomes = await _open_loop(target, work, gaps)
+    return outcomes, time.perf_counter() - started, time.process_time() - cpu
+
+
+async def _closed_loop(target: Target, work: Sequence[Request], clients: int) -> list[Outcome]:
+    """`clients` at once, each sending its next request when its last ended; a
+    conversation's turns stay in order on one client."""
+    queues: list[list[Request]] = [[] for _ in range(clients)]
+    for index, request in enumerate(work):
+        queues[(request.conversation if request.turn else index) % clients].append(request)
+
+    async def client(queue: list[Request]) -> list[Outcome]:
+        return [await target.send(request) for request in queue]
+
+    results = await asyncio.gather(*(client(queue) for queue in queues))
+    return [outcome for result in results for outcome in result]
+
+
+async def _open_loop(target: Target, work: Sequence[Request], gaps: list[float]) -> list[Outcome]:
+    tasks = []
+    for request, gap in zip(work, gaps, strict=True):
+        await asyncio.sleep(gap)
+        tasks.append(asyncio.create_task(target.send(request)))
+    return list(await asyncio.gather(*tasks))
+
+
+def figures(
+    server: str, outcomes: list[Outcome], seconds: float, cpu: float, slo: tuple[float, float]
+) -> Figures:
+    good = [o for o in outcomes if not o.error and o.first]
+    ttfts = [o.ttft * 1000 for o in good]
+    itls = [
+        (later - earlier) * 1000
+        for o in good
+        for earlier, later in zip([o.first, *o.token_times], o.token_times, strict=False)
+    ]
+    met = [o for o in good if o.ttft * 1000 <= slo[0] and _mean_itl_ms(o) <= slo[1]]
+    return Figures(
+        server=server,
+        requests=len(outcomes),
+        errors=len(outcomes) - len(good),
+        seconds=seconds,
+        requests_per_second=len(good) / seconds,
+        output_tokens_per_second=sum(o.output_tokens for o in good) / seconds,
+        ttft_ms=_percentiles(ttfts, (50, 90, 99)),
+        itl_ms=_percentiles(itls, (50, 99)),
+        goodput_rps=len(met) / seconds,
+        client_cpu=cpu / seconds,
+    )
+
+
+def _mean_itl_ms(outcome: Outcome) -> float:
+    if outcome.output_tokens < 2:
+        return 0.0
+    return (outcome.ended - outcome.first) * 1000 / (outcome.output_tokens - 1)
+
+
+def _percentiles(values: list[float], which: tuple[int, ...]) -> dict[str, float]:
+    if len(values) < 2:
+        return {f"p{p}": values[0] if values else 0.0 for p in which}
+    cuts = statistics.quantiles(values, n=100, method="inclusive")
+    return {f"p{p}": cuts[p - 1] for p in which}
+
+
+@contextmanager
+def llama_server(
+    binary: str, model: Path, slots: int, context: int, threads: int, gpu_layers: int
+) -> Iterator[str]:
+    """llama.cpp's server with the service's settings: a slot per stream, one KV cache
+    for all (-kvu); on a GPU every layer there, with flash attention. Its base URL."""
+    port = free_port("127.0.0.1")
+    command = [binary, "-m", str(model), "-np", str(slots), "-c", str(context), "-kvu"]
+    command += ["-t", str(threads), "--host", "127.0.0.1", "--port", str(port)]
+    if gpu_layers:
+        command += ["-ngl", "99", "-fa", "on"]
+    process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        wait_healthy(url, process)
+        yield url
+    finally:
+        process.terminate()
+        process.wait(timeout=30)
+
+
+async def run_one(
+    make: Callable[[], Target], work: list[Request], args: argparse.Namespace
+) -> Figures:
+    target = make()  # in the running loop: grpc.aio channels belong to one
+    gaps = None
+    if args.request_rate:
+        gaps = poisson_gaps(len(work), args.request_rate, args.seed)
+    warm = Request(work[0].prompt[:200], 0, 2)
+    await target.send(warm)  # the model loaded and its first-call costs paid
+    outcomes, seconds, cpu = await drive(target, work, args.concurrency, gaps)
+    await target.close()
+    return figures(target.name, outcomes, seconds, cpu, (args.slo_ttft_ms, args.slo_itl_ms))
+
+
+def report(results: list[Figures], args: argparse.Namespace, work: list[Request]) -> None:
+    load = (
+        f"{args.request_rate} req/s (Poisson)"
+        if args.request_rate
+        else (f"concurrency {args.concurrency}")
+    )
+    prompt = statistics.mean(r.prompt_tokens for r in work)
+    print(
+        f"{args.dataset}, {len(work)} requests, {load}; prompts {prompt:.0f} tokens on "
+        f"average ({args.input_len}), outputs up to {args.output_len}; "
+        f"{'sampled' if args.sampled else 'greedy'}"
+    )
+    print("server        req/s  out tok/s  TTFT p50/p90/p99 ms     ITL p50/p99 ms  goodput  cpu")
+    for r in results:
+        ttft = "/".join(f"{r.ttft_ms[p]:.0f}" for p in ("p50", "p90", "p99"))
+        itl = "/".join(f"{r.itl_ms[p]:.1f}" for p in ("p50", "p99"))
+        print(
+            f"{r.server:12} {r.requests_per_second:6.2f} {r.output_tokens_per_second:10.1f}  "
+            f"{ttft:>20}  {itl:>14}  {r.goodput_rps:7.2f}  {r.client_cpu:4.0%}"
+            + (f"  ({r.errors} errors)" if r.errors else "")
+        )
+    if len(results) == 2:
+        ours, theirs = results
+        print(
+            f"service / llama-server: output tokens/s "
+            f"{ours.output_tokens_per_second / theirs.output_tokens_per_second:.2f}x, TTFT p50 "
+            f"{ours.ttft_ms['p50'] / max(theirs.ttft_ms['p50'], 1e-9):.2f}x, TTFT p99 "
+            f"{ours.ttft_ms['p99'] / max(theirs.ttft_ms['p99'], 1e-9):.2f}x"
+        )
+    if any(r.client_cpu > 0.8 for r in results):
+        print("the load generator used over 80% of a core: the figures may be its own")
+
+
+def write(results: list[Figures], out: Path) -> None:
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "serving.json").write_text(json.dumps([asdict(r) for r in results], indent=2))
+    groups = ["TTFT p50", "TTFT p90", "TTFT p99", "ITL p50 x10", "ITL p99 x10"]
+    series: dict[str, Sequence[float]] = {
+        r.server: [*r.ttft_ms.values(), r.itl_ms["p50"] * 10, r.itl_ms["p99"] * 10] for r in results
+    }
+    bar_chart(out / "serving.png", "bench.serving: latency (ms)", groups, series, "ms")
+
+
+def parse_args() -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--model", default="gemma3-270m", help="an embedded model's name")
+    parser.add_argument("--model-path", type=Path, help="a GGUF file instead")
+    parser.add_argument(
+        "--dataset", default="random", choices=("random", "shared-prefix", "multi-turn")
+    )
+    parser.add_argument("--num-prompts", type=int, default=64)
+    parser.add_argument("--input-len", default="100:2000", help="tokens, N or LOW:HIGH")
+    parser.add_argument("--output-len", default="32:512", help="tokens, N or LOW:HIGH")
+    parser.add_argument("--shared-prefix-len", type=int, default=1000)
+    parser.add_argument("--concurrency", type=int, default=8)
+    parser.add_argument("--request-rate", type=float, help="open loop, requests/s (Poisson)")
+    parser.add_argument("--sampled", action="store_true", help="temperature 0.8, top_p 0.95")
+    parser.add_argument("--slo-ttft-ms", type=float, default=2000)
+    parser.add_argument("--slo-itl-ms", type=float, default=200)
+    parser.add_argument("--llama-server", help="a llama-server binary to compare against")
+    parser.add_argument("--threads", type=int, default=available_cores())
+    parser.add_argument("--gpu-layers", type=int, default=0)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--out", type=Path)
+    return parser.parse_args()
+
+
+def main() -> None:
+    args = parse_args()
+    path = args.model_path or EMBEDDED_MODELS[args.model].locate()
+    vocabulary = llama_cpp.Llama(str(path), vocab_only=True, verbose=False)
+    texts = Texts(
+        lambda text: list(vocabulary.tokenize(text.encode(), add_bos=False)),
+        lambda ids: vocabulary.detokenize(ids).decode("utf-8", errors="ignore"),
+        args.seed,
+    )
+    lengths = Lengths(
+        parse_range(args.input_len), parse_range(args.output_len), args.shared_prefix_len
+    )
+    work = requests(args.dataset, args.num_prompts, lengths, texts, args.seed)
+    slots = args.concurrency
+    longest = max(r.prompt_tokens + r.max_tokens for r in work) + 16
+    context = slots * longest
+    sampling = dict(SAMPLED) if args.sampled else None
+    flags = ["--parallel-sequences", str(slots), "--context-size", str(context)]
+    flags += ["--max-concurrent", str(max(32, slots)), "--gpu-layers", str(args.gpu_layers)]
+    if args.model_path:
+        args.model = "bench"
+        flags += ["--model", f"bench={path}"]
+    results = []
+    with running_server(args.model, args.threads, flags) as (address, _):
+        results.append(asyncio.run(run_one(lambda: ServiceTarget(address, sampling), work, args)))
+    if args.llama_server:
+        binary, layers = args.llama_server, args.gpu_layers
+        with llama_server(binary, path, slots, context, args.threads, layers) as url:
+            results.append(
+                asyncio.run(run_one(lambda: LlamaServerTarget(url, sampling), work, args))
+            )
+    report(results, args, work)
+    if args.out:
+        write(results, args.out)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,93 @@
+"""bench.serving's workload and arithmetic: seeded, exact, and computed as stated."""
+
+from __future__ import annotations
+
+import itertools
+import statistics
+
+import llama_cpp
+import pytest
+
+from bench.serving import figures
+from bench.targets import Outcome, _arrived
+from bench.workload import Lengths, Texts, parse_range, poisson_gaps, requests
+from service.models.embedded import EMBEDDED_MODELS
+from tests.conftest import GEMMA
+
+
+@pytest.fixture(scope="module")
+def texts() -> Texts:
+    vocabulary = llama_cpp.Llama(
+        str(EMBEDDED_MODELS[GEMMA].locate()), vocab_only=True, verbose=False
+    )
+    return Texts(
+        lambda text: list(vocabulary.tokenize(text.encode(), add_bos=False)),
+        lambda ids: vocabulary.detokenize(ids).decode("utf-8", errors="ignore"),
+        seed=3,
+    )
+
+
+def test_prompts_have_the_drawn_lengths_and_are_distinct(texts: Texts) -> None:
+    lengths = Lengths(prompt=(100, 300), output=(32, 64))
+    work = requests("random", 20, lengths, texts, seed=3)
+    assert all(abs(r.prompt_tokens - texts.count(r.prompt)) == 0 for r in work)
+    assert all(100 <= r.prompt_tokens <= 302 for r in work)  # a cut may re-merge a token
+    assert all(32 <= r.max_tokens <= 64 for r in work)
+    assert len({r.prompt for r in work}) == 20
+
+
+def test_the_same_seed_gives_the_same_workload(texts: Texts) -> None:
+    lengths = Lengths(prompt=(50, 60), output=(8, 16))
+    again = Texts(texts._tokenize, texts._detokenize, seed=3)
+    first = [r.max_tokens for r in requests("random", 5, lengths, texts, seed=9)]
+    assert first == [r.max_tokens for r in requests("random", 5, lengths, again, seed=9)]
+
+
+def test_shared_prefix_and_multi_turn_shapes(texts: Texts) -> None:
+    lengths = Lengths(prompt=(20, 20), output=(10, 10), shared_prefix=100)
+    shared = requests("shared-prefix", 4, lengths, texts, seed=1)
+    prefix = shared[0].prompt.split("\n")[0]
+    assert all(r.prompt.startswith(prefix + "\n") for r in shared)
+    turns = requests("multi-turn", 8, lengths, texts, seed=1, turns=4)
+    assert [(r.conversation, r.turn) for r in turns[:4]] == [(0, 0), (0, 1), (0, 2), (0, 3)]
+    for earlier, later in itertools.pairwise(turns[:4]):
+        assert later.prompt.startswith(earlier.prompt)  # each turn repeats the last
+        assert later.prompt_tokens > earlier.prompt_tokens
+
+
+def test_poisson_gaps_average_the_inverse_rate() -> None:
+    gaps = poisson_gaps(4000, rate=4.0, seed=0)
+    assert statistics.mean(gaps) == pytest.approx(0.25, rel=0.05)
+    assert parse_range("150") == (150, 150)
+    assert parse_range("100:2000") == (100, 2000)
+
+
+def test_figures_are_computed_from_what_the_client_saw() -> None:
+    outcomes = []
+    for start in (0.0, 1.0):
+        outcome = Outcome(sent=start, prompt_tokens=10)
+        outcome.first = start + 0.5  # TTFT 500 ms
+        outcome.output_tokens = 1
+        outcome.token_times = [start + 0.6, start + 0.7]  # ITL 100 ms each
+        outcome.output_tokens = 3
+        outcomes.append(outcome)
+    failed = Outcome(sent=0.0, prompt_tokens=10, error="UNAVAILABLE: gone")
+    result = figures("x", [*outcomes, failed], seconds=2.0, cpu=0.5, slo=(600, 150))
+    assert (result.requests, result.errors) == (3, 1)
+    assert result.output_tokens_per_second == 3.0
+    assert result.ttft_ms["p50"] == pytest.approx(500)
+    assert result.itl_ms["p99"] == pytest.approx(100)
+    assert result.goodput_rps == 1.0
+    tight = figures("x", outcomes, seconds=2.0, cpu=0.5, slo=(400, 150))
+    assert tight.goodput_rps == 0.0
+    assert result.client_cpu == 0.25
+
+
+def test_a_message_of_several_tokens_spreads_its_gap() -> None:
+    outcome = Outcome(sent=0.0, prompt_tokens=1)
+    _arrived(outcome, 1)
+    first = outcome.first
+    _arrived(outcome, 4)
+    gaps = [b - a for a, b in zip([first, *outcome.token_times], outcome.token_times, strict=False)]
+    assert outcome.output_tokens == 5
+    assert max(gaps) - min(gaps) < 1e-6  # equal shares of one gap
