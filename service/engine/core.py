@@ -18,6 +18,7 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from typing import cast
 
 from inference.v1 import inference_pb2 as pb
@@ -60,6 +61,7 @@ class EngineCore:
         self._on_failure = on_failure
         self._publish = publish
         self._broken: str | None = None
+        self._preparer = ThreadPoolExecutor(1, thread_name_prefix=f"prepare:{options.name}")
         self.scheduler: DecodeScheduler | None = None
         if options.backend != DIFFUSERS:
             self.scheduler = DecodeScheduler(
@@ -93,8 +95,19 @@ class EngineCore:
 
     # --- on the worker thread -----------------------------------------------------------
 
-    def start_text(self, request: GenerationRequest, received_at: float, sink: TextSink) -> None:
-        """Prepare one generation and queue it; its events go to `sink`."""
+    def submit_text(self, request: GenerationRequest, received_at: float, sink: TextSink) -> None:
+        """Prepare one generation on the preparation thread, then queue it on the worker;
+        its events go to `sink`. Called from any thread.
+
+        Rendering the chat template and tokenizing take time in proportion to the
+        prompt (a megabyte takes seconds): on the worker thread they held up every
+        stream of the model between two steps. The preparation thread is one, so
+        requests are queued in the order they came."""
+        self._preparer.submit(self._prepare_then_queue, request, received_at, sink)
+
+    def _prepare_then_queue(
+        self, request: GenerationRequest, received_at: float, sink: TextSink
+    ) -> None:
         try:
             scheduler = self._scheduler()
             started, plan, parser = self._prepare(request)
@@ -102,8 +115,17 @@ class EngineCore:
             sink.close(exc)
             self._publish()
             return
-        sink.send(started.to_pb())
-        scheduler.enqueue(plan, received_at, _Responses(sink, parser if request.tools else None))
+        responses = _Responses(sink, parser if request.tools else None)
+
+        def queue() -> None:
+            sink.send(started.to_pb())
+            scheduler.enqueue(plan, received_at, responses)
+
+        try:
+            self.worker.submit(queue)
+        except ServiceError as exc:  # the model is being unloaded
+            sink.close(exc)
+            self._publish()
 
     def start_image(self, request: ImageRequest, received_at: float, sink: ImageSink) -> None:
         """Render one image, reporting each step to `sink`, then the image."""
@@ -118,7 +140,9 @@ class EngineCore:
         self._publish()
 
     def close(self, reason: str) -> None:
-        """End every request with UNAVAILABLE and `reason`, then free the model."""
+        """End every request with UNAVAILABLE and `reason`, then free the model (once no
+        preparation uses its tokenizer)."""
+        self._preparer.shutdown(wait=True, cancel_futures=True)
         if self.scheduler is not None:  # nothing may step a closed backend
             self.scheduler.abort(reason)
         self._broken = self._broken or reason

@@ -61,7 +61,7 @@ class LocalEngine:
         # With a GPU the loop is woken through the relay thread (see Channel).
         relayed = self.core.info.computes_off_cpu
         channel: Channel[pb.GenerateResponse] = Channel(asyncio.get_running_loop(), relayed)
-        self._worker.submit(lambda: self.core.start_text(request, received_at, channel))
+        self.core.submit_text(request, received_at, channel)
         async for response in channel:
             yield response
 

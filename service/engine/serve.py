@@ -191,7 +191,7 @@ class EngineServer:
             self._outgoing.flush()
             return
         core = self._served()
-        self._worker.submit(lambda: core.start_text(request, generate.received_at, sink))
+        core.submit_text(request, generate.received_at, sink)
 
     def _generate_image(self, image: epb.GenerateImage) -> None:
         sink = self._sink(image.id)
