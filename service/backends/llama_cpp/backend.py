@@ -42,6 +42,7 @@ from service.backends.llama_cpp.own_draws import OwnDraws
 from service.backends.llama_cpp.sampling import Logits, SamplerChain, SamplingRefused
 from service.backends.names import FlashAttention, KvLayout
 from service.backends.row_threads import RowThreads
+from service.backends.step_plan import Seat, plan_step
 from service.errors import BackendFailure
 from service.memory import cells_per_sequence
 from service.model_options import ModelOptions
@@ -421,29 +422,19 @@ class LlamaCppBackend:
             self._model.close()
 
     def _plan_step(self, sequences: list[LlamaSequence]) -> dict[LlamaSequence, Chunk]:
-        """This step's chunk per sequence: one token for each decoding sequence
-        first, then prompt chunks in arrival order with what room is left."""
-        decoding = [s for s in sequences if s.decoding and not self._own_draws.running(s)]
-        room = self._batch.capacity - len(decoding)
-        if decoding:
-            room = min(room, self._options.prefill_chunk)
-        chunks: dict[LlamaSequence, Chunk] = {}
-        for sequence in sequences:
-            if self._own_draws.running(sequence):
-                continue  # its next token is still being drawn
-            take = 1 if sequence.decoding else min(len(sequence.pending), room)
-            if take == 0:
-                continue
-            if not sequence.decoding:
-                room -= take
-            tokens = sequence.pending[:take]
-            chunks[sequence] = Chunk(
+        """This step's chunk per sequence, as `service.decode.step_plan` decides it."""
+        seats = [Seat(len(s.pending), s.decoding, self._own_draws.running(s)) for s in sequences]
+        takes = plan_step(seats, self._batch.capacity, self._options.prefill_chunk)
+        return {
+            sequence: Chunk(
                 seq_id=sequence.slot.seq_id,
                 start=len(sequence.slot.tokens),
-                tokens=tokens,
+                tokens=sequence.pending[:take],
                 wants_logits=take == len(sequence.pending),
             )
-        return chunks
+            for sequence, take in zip(sequences, takes, strict=True)
+            if take
+        }
 
     def _arrange_cache(self, placement: Placement) -> Placement:
         """Carry out a placement on the KV cache; the placement as it turned out."""
