@@ -143,11 +143,11 @@ class _PoolCollector(Collector):
         yield load_time
         yield _counter(
             "inference_model_evictions", "Models unloaded to make room or after idling.",
-            Tally(pool.stats.evictions),
+            _snapshot(pool.stats.evictions),
         )  # fmt: skip
         yield _counter(
             "inference_engine_crashes", "Engine processes that died unasked, by model.",
-            Tally(pool.stats.crashes),
+            _snapshot(pool.stats.crashes),
         )  # fmt: skip
         yield from _engine_memory(models)
 
@@ -189,6 +189,12 @@ class _GateCollector(Collector):
         yield GaugeMetricFamily(
             "inference_max_queue", "Waiting room (--max-queue).", gate.max_waiting
         )
+
+
+def _snapshot(counts: Tally[str]) -> Tally[str]:
+    """A copy taken in one step (dict.copy holds the GIL), so the event loop counting
+    meanwhile cannot break this thread's iteration."""
+    return Tally(dict.copy(counts))
 
 
 def _counter(name: str, documentation: str, counts: Tally[str]) -> CounterMetricFamily:

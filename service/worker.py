@@ -4,8 +4,6 @@ Model libraries are not thread-safe and some (MLX) bind state to the thread
 that created it, so a model is loaded, used and closed on its own single
 thread. The event loop only moves messages:
 - `call` runs one function there and awaits its result;
-- `run_emitting` runs a function that reports through a callback (a
-  diffusion step) and hands what it reports to the event loop;
 - `attach` gives the thread background work (the decode scheduler), advanced
   one step at a time between calls, so a request that only needs the
   tokenizer never waits for a long generation to end.
@@ -199,28 +197,6 @@ class ModelWorker:
 
         self.submit(task)
         return future.result()
-
-    async def run_emitting(
-        self, work: Callable[[Callable[[T], None], threading.Event], None]
-    ) -> AsyncIterator[T]:
-        """Run `work(emit, cancelled)` on the worker thread; yield what it emits.
-
-        For libraries that report through callbacks (a diffusion step callback)
-        rather than by yielding. `cancelled` is set when the consumer stops early.
-        """
-        channel: Channel[T] = Channel(asyncio.get_running_loop())
-
-        def task() -> None:
-            try:
-                work(channel.send, channel.cancelled)
-            except BaseException as exc:  # handed to the consumer, raised there
-                channel.close(exc)
-            else:
-                channel.close()
-
-        self.submit(task)
-        async for item in channel:
-            yield item
 
     def shutdown(self) -> None:
         """Stop the thread once the work already sent to it has run."""

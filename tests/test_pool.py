@@ -154,7 +154,7 @@ def test_least_recently_used_idle_model_is_evicted(
     assert list(admit.memory.would_evict) == [GEMMA]
     generate(stub, SMALL)
     assert set(loaded(stub)) == {SMOLLM, SMALL}
-    assert budget_server.server.pool.stats.evictions == [GEMMA]
+    assert list(budget_server.server.pool.stats.recent_evictions) == [GEMMA]
     info = loaded(stub)[SMALL]
     assert info.memory_bytes == admit.memory.host_bytes == admit.memory.total_bytes
     assert info.context_length == SMALL_CONTEXT
@@ -173,10 +173,10 @@ def test_a_model_in_use_is_never_evicted(
     assert caught.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
     assert GEMMA in (caught.value.details() or "")
     # Nothing was evicted in vain: evicting SmolLM alone would not have made room.
-    assert budget_server.server.pool.stats.evictions == []
+    assert list(budget_server.server.pool.stats.recent_evictions) == []
     assert set(loaded(stub)) == {SMOLLM, GEMMA}
     generate(stub, SMALL)  # with Gemma idle again both go, least recently used first
-    assert budget_server.server.pool.stats.evictions == [SMOLLM, GEMMA]
+    assert list(budget_server.server.pool.stats.recent_evictions) == [SMOLLM, GEMMA]
 
 
 def test_a_load_that_fits_goes_ahead_while_another_waits_for_a_busy_model(
@@ -201,7 +201,7 @@ def test_a_load_that_fits_goes_ahead_while_another_waits_for_a_busy_model(
         assert not waiting.done()
         held.release()
         assert waiting.result(timeout=120).usage.completion_tokens == 2
-        assert pool.stats.evictions == [SMOLLM, GEMMA]  # least recently used first
+        assert list(pool.stats.recent_evictions) == [SMOLLM, GEMMA]  # least recently used first
         assert set(loaded(stub)) == {TINY, SMALL}
         assert (pool.loading(), pool.used_bytes()) == ([], needs[TINY] + needs[SMALL])
 
@@ -268,7 +268,7 @@ def test_idle_models_are_unloaded_after_the_keep_alive_but_not_the_default(
         generate(stub, GEMMA)
         assert pool.stats.loads[GEMMA] == 1  # it may already be gone again: no race here
         assert eventually(lambda: GEMMA not in loaded(stub))
-        assert pool.stats.evictions == [GEMMA]
+        assert list(pool.stats.recent_evictions) == [GEMMA]
         # The default model was idle as long, and stays.
         assert set(loaded(stub)) == {SMOLLM}
 

@@ -31,6 +31,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import time
+from collections import Counter, deque
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
@@ -129,8 +130,11 @@ class _Load:
 class PoolStats:
     loads: dict[str, int] = field(default_factory=dict)
     load_seconds: dict[str, float] = field(default_factory=dict)  # summed over loads
-    evictions: list[str] = field(default_factory=list)
-    crashes: list[str] = field(default_factory=list)  # a model's name per engine crash
+    # Counts by model name: bounded by the models there are, not by the events.
+    evictions: Counter[str] = field(default_factory=Counter)
+    crashes: Counter[str] = field(default_factory=Counter)  # engine crashes
+    # The last evictions in order, oldest first (for people and tests; bounded).
+    recent_evictions: deque[str] = field(default_factory=lambda: deque(maxlen=100))
 
 
 def memory_need(decision: Decision, spec: ModelSpec) -> MemoryNeed:
@@ -420,7 +424,7 @@ class ModelPool:
 
     def _record_crash(self, name: str, cause: str) -> None:
         self.crashes.record(name, cause)
-        self.stats.crashes.append(name)
+        self.stats.crashes[name] += 1
 
     async def _make_room(self, load: _Load, need: int, device_need: int = 0) -> None:
         """Wait until `need` fits, then reserve it and evict what must go for it."""
@@ -486,7 +490,8 @@ class ModelPool:
         models = [self._loaded.pop(name) for name in names]
         for model in models:
             self._leaving[id(model)] = model
-            self.stats.evictions.append(model.name)
+            self.stats.evictions[model.name] += 1
+            self.stats.recent_evictions.append(model.name)
             log.info("model unloaded", model=model.name, reason=why)
         for model in models:
             await self._close_leaving(model)

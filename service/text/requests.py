@@ -513,6 +513,3 @@ class Finished:
                 tool_call_errors=self.tool_call_errors,
             )
         )
-
-
-GenerationEvent = Started | Delta | Finished

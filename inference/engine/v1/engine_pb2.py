@@ -25,7 +25,7 @@ _sym_db = _symbol_database.Default()
 from inference.v1 import inference_pb2 as inference_dot_v1_dot_inference__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n inference/engine/v1/engine.proto\x12\x13inference.engine.v1\x1a\x1cinference/v1/inference.proto\"\x93\x02\n\x08ToEngine\x12)\n\x04load\x18\x01 \x01(\x0b\x32\x19.inference.engine.v1.LoadH\x00\x12\x31\n\x08generate\x18\x02 \x01(\x0b\x32\x1d.inference.engine.v1.GenerateH\x00\x12<\n\x0egenerate_image\x18\x03 \x01(\x0b\x32\".inference.engine.v1.GenerateImageH\x00\x12-\n\x06\x63\x61ncel\x18\x04 \x01(\x0b\x32\x1b.inference.engine.v1.CancelH\x00\x12\x31\n\x08shutdown\x18\x05 \x01(\x0b\x32\x1d.inference.engine.v1.ShutdownH\x00\x42\t\n\x07message\"\xfa\x01\n\nFromEngine\x12-\n\x06loaded\x18\x01 \x01(\x0b\x32\x1b.inference.engine.v1.LoadedH\x00\x12\x32\n\x0bload_failed\x18\x02 \x01(\x0b\x32\x1b.inference.engine.v1.StatusH\x00\x12\x31\n\x06\x65vents\x18\x03 \x01(\x0b\x32\x1f.inference.engine.v1.EventBatchH\x00\x12\x16\n\x0cmodel_failed\x18\x04 \x01(\tH\x00\x12\x33\n\theartbeat\x18\x05 \x01(\x0b\x32\x1e.inference.engine.v1.HeartbeatH\x00\x42\t\n\x07message\"\x1d\n\tHeartbeat\x12\x10\n\x08progress\x18\x01 \x01(\x04\"\xc4\x03\n\x04Load\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x0f\n\x07\x62\x61\x63kend\x18\x02 \x01(\t\x12\x0c\n\x04path\x18\x03 \x01(\t\x12\x13\n\x0bsource_kind\x18\x04 \x01(\t\x12\x14\n\x0c\x63ontext_size\x18\x05 \x01(\r\x12\x0f\n\x07threads\x18\x06 \x01(\r\x12\x12\n\ngpu_layers\x18\x07 \x01(\x05\x12\x10\n\x08main_gpu\x18\x08 \x01(\r\x12\x17\n\x0f\x66lash_attention\x18\t \x01(\t\x12\x1a\n\x12parallel_sequences\x18\n \x01(\r\x12\x18\n\x10\x63\x61\x63hed_sequences\x18\x0b \x01(\r\x12\x11\n\tkv_layout\x18\x0c \x01(\t\x12\x17\n\x0fstream_interval\x18\r \x01(\r\x12\x1d\n\x15max_waiting_sequences\x18\x0e \x01(\r\x12\x1a\n\rchat_template\x18\x0f \x01(\tH\x00\x88\x01\x01\x12\x1a\n\x12\x64\x65\x66\x61ult_max_tokens\x18\x10 \x01(\r\x12\x1f\n\x12max_decode_seconds\x18\x11 \x01(\x01H\x01\x88\x01\x01\x12\x11\n\tlog_level\x18\x12 \x01(\tB\x10\n\x0e_chat_templateB\x15\n\x13_max_decode_seconds\"K\n\x06Loaded\x12\x0f\n\x07\x62\x61\x63kend\x18\x01 \x01(\t\x12\x16\n\x0e\x63ontext_length\x18\x02 \x01(\r\x12\x18\n\x10\x63omputes_off_cpu\x18\x03 \x01(\x08\"\'\n\x06Status\x12\x0c\n\x04\x63ode\x18\x01 \x01(\x05\x12\x0f\n\x07message\x18\x02 \x01(\t\"\x97\x01\n\x08Generate\x12\n\n\x02id\x18\x01 \x01(\x04\x12\x13\n\x0breceived_at\x18\x02 \x01(\x01\x12.\n\x07request\x18\x03 \x01(\x0b\x32\x1d.inference.v1.GenerateRequest\x12\x14\n\x07grammar\x18\x04 \x01(\tH\x00\x88\x01\x01\x12\x18\n\x10grammar_branches\x18\x05 \x01(\rB\n\n\x08_grammar\"e\n\rGenerateImage\x12\n\n\x02id\x18\x01 \x01(\x04\x12\x13\n\x0breceived_at\x18\x02 \x01(\x01\x12\x33\n\x07request\x18\x03 \x01(\x0b\x32\".inference.v1.GenerateImageRequest\"\x14\n\x06\x43\x61ncel\x12\n\n\x02id\x18\x01 \x01(\x04\"\x1a\n\x08Shutdown\x12\x0e\n\x06reason\x18\x01 \x01(\t\"\xe4\x01\n\x05\x45vent\x12\n\n\x02id\x18\x01 \x01(\x04\x12.\n\x04text\x18\x02 \x01(\x0b\x32\x1e.inference.v1.GenerateResponseH\x00\x12\x35\n\x0eimage_progress\x18\x03 \x01(\x0b\x32\x1b.inference.v1.ImageProgressH\x00\x12\x33\n\x05image\x18\x04 \x01(\x0b\x32\".inference.engine.v1.RenderedImageH\x00\x12*\n\x03\x65nd\x18\x05 \x01(\x0b\x32\x1b.inference.engine.v1.StatusH\x00\x42\x07\n\x05\x65vent\";\n\rRenderedImage\x12\x0b\n\x03png\x18\x01 \x01(\x0c\x12\r\n\x05width\x18\x02 \x01(\r\x12\x0e\n\x06height\x18\x03 \x01(\r\"Z\n\nEventBatch\x12*\n\x06\x65vents\x18\x01 \x03(\x0b\x32\x1a.inference.engine.v1.Event\x12\x0f\n\x07running\x18\x02 \x01(\r\x12\x0f\n\x07waiting\x18\x03 \x01(\rb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n inference/engine/v1/engine.proto\x12\x13inference.engine.v1\x1a\x1cinference/v1/inference.proto\"\x93\x02\n\x08ToEngine\x12)\n\x04load\x18\x01 \x01(\x0b\x32\x19.inference.engine.v1.LoadH\x00\x12\x31\n\x08generate\x18\x02 \x01(\x0b\x32\x1d.inference.engine.v1.GenerateH\x00\x12<\n\x0egenerate_image\x18\x03 \x01(\x0b\x32\".inference.engine.v1.GenerateImageH\x00\x12-\n\x06\x63\x61ncel\x18\x04 \x01(\x0b\x32\x1b.inference.engine.v1.CancelH\x00\x12\x31\n\x08shutdown\x18\x05 \x01(\x0b\x32\x1d.inference.engine.v1.ShutdownH\x00\x42\t\n\x07message\"\xfa\x01\n\nFromEngine\x12-\n\x06loaded\x18\x01 \x01(\x0b\x32\x1b.inference.engine.v1.LoadedH\x00\x12\x32\n\x0bload_failed\x18\x02 \x01(\x0b\x32\x1b.inference.engine.v1.StatusH\x00\x12\x31\n\x06\x65vents\x18\x03 \x01(\x0b\x32\x1f.inference.engine.v1.EventBatchH\x00\x12\x16\n\x0cmodel_failed\x18\x04 \x01(\tH\x00\x12\x33\n\theartbeat\x18\x05 \x01(\x0b\x32\x1e.inference.engine.v1.HeartbeatH\x00\x42\t\n\x07message\"\x1d\n\tHeartbeat\x12\x10\n\x08progress\x18\x01 \x01(\x04\"\xc2\x03\n\x04Load\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x0f\n\x07\x62\x61\x63kend\x18\x02 \x01(\t\x12\x0c\n\x04path\x18\x03 \x01(\t\x12\x14\n\x0c\x63ontext_size\x18\x05 \x01(\r\x12\x0f\n\x07threads\x18\x06 \x01(\r\x12\x12\n\ngpu_layers\x18\x07 \x01(\x05\x12\x10\n\x08main_gpu\x18\x08 \x01(\r\x12\x17\n\x0f\x66lash_attention\x18\t \x01(\t\x12\x1a\n\x12parallel_sequences\x18\n \x01(\r\x12\x18\n\x10\x63\x61\x63hed_sequences\x18\x0b \x01(\r\x12\x11\n\tkv_layout\x18\x0c \x01(\t\x12\x17\n\x0fstream_interval\x18\r \x01(\r\x12\x1d\n\x15max_waiting_sequences\x18\x0e \x01(\r\x12\x1a\n\rchat_template\x18\x0f \x01(\tH\x00\x88\x01\x01\x12\x1a\n\x12\x64\x65\x66\x61ult_max_tokens\x18\x10 \x01(\r\x12\x1f\n\x12max_decode_seconds\x18\x11 \x01(\x01H\x01\x88\x01\x01\x12\x11\n\tlog_level\x18\x12 \x01(\tB\x10\n\x0e_chat_templateB\x15\n\x13_max_decode_secondsJ\x04\x08\x04\x10\x05R\x0bsource_kind\"K\n\x06Loaded\x12\x0f\n\x07\x62\x61\x63kend\x18\x01 \x01(\t\x12\x16\n\x0e\x63ontext_length\x18\x02 \x01(\r\x12\x18\n\x10\x63omputes_off_cpu\x18\x03 \x01(\x08\"\'\n\x06Status\x12\x0c\n\x04\x63ode\x18\x01 \x01(\x05\x12\x0f\n\x07message\x18\x02 \x01(\t\"\x97\x01\n\x08Generate\x12\n\n\x02id\x18\x01 \x01(\x04\x12\x13\n\x0breceived_at\x18\x02 \x01(\x01\x12.\n\x07request\x18\x03 \x01(\x0b\x32\x1d.inference.v1.GenerateRequest\x12\x14\n\x07grammar\x18\x04 \x01(\tH\x00\x88\x01\x01\x12\x18\n\x10grammar_branches\x18\x05 \x01(\rB\n\n\x08_grammar\"e\n\rGenerateImage\x12\n\n\x02id\x18\x01 \x01(\x04\x12\x13\n\x0breceived_at\x18\x02 \x01(\x01\x12\x33\n\x07request\x18\x03 \x01(\x0b\x32\".inference.v1.GenerateImageRequest\"\x14\n\x06\x43\x61ncel\x12\n\n\x02id\x18\x01 \x01(\x04\"\x1a\n\x08Shutdown\x12\x0e\n\x06reason\x18\x01 \x01(\t\"\xe4\x01\n\x05\x45vent\x12\n\n\x02id\x18\x01 \x01(\x04\x12.\n\x04text\x18\x02 \x01(\x0b\x32\x1e.inference.v1.GenerateResponseH\x00\x12\x35\n\x0eimage_progress\x18\x03 \x01(\x0b\x32\x1b.inference.v1.ImageProgressH\x00\x12\x33\n\x05image\x18\x04 \x01(\x0b\x32\".inference.engine.v1.RenderedImageH\x00\x12*\n\x03\x65nd\x18\x05 \x01(\x0b\x32\x1b.inference.engine.v1.StatusH\x00\x42\x07\n\x05\x65vent\";\n\rRenderedImage\x12\x0b\n\x03png\x18\x01 \x01(\x0c\x12\r\n\x05width\x18\x02 \x01(\r\x12\x0e\n\x06height\x18\x03 \x01(\r\"Z\n\nEventBatch\x12*\n\x06\x65vents\x18\x01 \x03(\x0b\x32\x1a.inference.engine.v1.Event\x12\x0f\n\x07running\x18\x02 \x01(\r\x12\x0f\n\x07waiting\x18\x03 \x01(\rb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -39,23 +39,23 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_HEARTBEAT']._serialized_start=618
   _globals['_HEARTBEAT']._serialized_end=647
   _globals['_LOAD']._serialized_start=650
-  _globals['_LOAD']._serialized_end=1102
-  _globals['_LOADED']._serialized_start=1104
-  _globals['_LOADED']._serialized_end=1179
-  _globals['_STATUS']._serialized_start=1181
-  _globals['_STATUS']._serialized_end=1220
-  _globals['_GENERATE']._serialized_start=1223
-  _globals['_GENERATE']._serialized_end=1374
-  _globals['_GENERATEIMAGE']._serialized_start=1376
-  _globals['_GENERATEIMAGE']._serialized_end=1477
-  _globals['_CANCEL']._serialized_start=1479
-  _globals['_CANCEL']._serialized_end=1499
-  _globals['_SHUTDOWN']._serialized_start=1501
-  _globals['_SHUTDOWN']._serialized_end=1527
-  _globals['_EVENT']._serialized_start=1530
-  _globals['_EVENT']._serialized_end=1758
-  _globals['_RENDEREDIMAGE']._serialized_start=1760
-  _globals['_RENDEREDIMAGE']._serialized_end=1819
-  _globals['_EVENTBATCH']._serialized_start=1821
-  _globals['_EVENTBATCH']._serialized_end=1911
+  _globals['_LOAD']._serialized_end=1100
+  _globals['_LOADED']._serialized_start=1102
+  _globals['_LOADED']._serialized_end=1177
+  _globals['_STATUS']._serialized_start=1179
+  _globals['_STATUS']._serialized_end=1218
+  _globals['_GENERATE']._serialized_start=1221
+  _globals['_GENERATE']._serialized_end=1372
+  _globals['_GENERATEIMAGE']._serialized_start=1374
+  _globals['_GENERATEIMAGE']._serialized_end=1475
+  _globals['_CANCEL']._serialized_start=1477
+  _globals['_CANCEL']._serialized_end=1497
+  _globals['_SHUTDOWN']._serialized_start=1499
+  _globals['_SHUTDOWN']._serialized_end=1525
+  _globals['_EVENT']._serialized_start=1528
+  _globals['_EVENT']._serialized_end=1756
+  _globals['_RENDEREDIMAGE']._serialized_start=1758
+  _globals['_RENDEREDIMAGE']._serialized_end=1817
+  _globals['_EVENTBATCH']._serialized_start=1819
+  _globals['_EVENTBATCH']._serialized_end=1909
 # @@protoc_insertion_point(module_scope)

@@ -42,11 +42,10 @@ class Heartbeat(_message.Message):
     def __init__(self, progress: _Optional[int] = ...) -> None: ...
 
 class Load(_message.Message):
-    __slots__ = ("name", "backend", "path", "source_kind", "context_size", "threads", "gpu_layers", "main_gpu", "flash_attention", "parallel_sequences", "cached_sequences", "kv_layout", "stream_interval", "max_waiting_sequences", "chat_template", "default_max_tokens", "max_decode_seconds", "log_level")
+    __slots__ = ("name", "backend", "path", "context_size", "threads", "gpu_layers", "main_gpu", "flash_attention", "parallel_sequences", "cached_sequences", "kv_layout", "stream_interval", "max_waiting_sequences", "chat_template", "default_max_tokens", "max_decode_seconds", "log_level")
     NAME_FIELD_NUMBER: _ClassVar[int]
     BACKEND_FIELD_NUMBER: _ClassVar[int]
     PATH_FIELD_NUMBER: _ClassVar[int]
-    SOURCE_KIND_FIELD_NUMBER: _ClassVar[int]
     CONTEXT_SIZE_FIELD_NUMBER: _ClassVar[int]
     THREADS_FIELD_NUMBER: _ClassVar[int]
     GPU_LAYERS_FIELD_NUMBER: _ClassVar[int]
@@ -64,7 +63,6 @@ class Load(_message.Message):
     name: str
     backend: str
     path: str
-    source_kind: str
     context_size: int
     threads: int
     gpu_layers: int
@@ -79,7 +77,7 @@ class Load(_message.Message):
     default_max_tokens: int
     max_decode_seconds: float
     log_level: str
-    def __init__(self, name: _Optional[str] = ..., backend: _Optional[str] = ..., path: _Optional[str] = ..., source_kind: _Optional[str] = ..., context_size: _Optional[int] = ..., threads: _Optional[int] = ..., gpu_layers: _Optional[int] = ..., main_gpu: _Optional[int] = ..., flash_attention: _Optional[str] = ..., parallel_sequences: _Optional[int] = ..., cached_sequences: _Optional[int] = ..., kv_layout: _Optional[str] = ..., stream_interval: _Optional[int] = ..., max_waiting_sequences: _Optional[int] = ..., chat_template: _Optional[str] = ..., default_max_tokens: _Optional[int] = ..., max_decode_seconds: _Optional[float] = ..., log_level: _Optional[str] = ...) -> None: ...
+    def __init__(self, name: _Optional[str] = ..., backend: _Optional[str] = ..., path: _Optional[str] = ..., context_size: _Optional[int] = ..., threads: _Optional[int] = ..., gpu_layers: _Optional[int] = ..., main_gpu: _Optional[int] = ..., flash_attention: _Optional[str] = ..., parallel_sequences: _Optional[int] = ..., cached_sequences: _Optional[int] = ..., kv_layout: _Optional[str] = ..., stream_interval: _Optional[int] = ..., max_waiting_sequences: _Optional[int] = ..., chat_template: _Optional[str] = ..., default_max_tokens: _Optional[int] = ..., max_decode_seconds: _Optional[float] = ..., log_level: _Optional[str] = ...) -> None: ...
 
 class Loaded(_message.Message):
     __slots__ = ("backend", "context_length", "computes_off_cpu")
