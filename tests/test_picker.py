@@ -5,6 +5,7 @@ Envoy configuration it works with (checked by the real Envoy binary)."""
 from __future__ import annotations
 
 import asyncio
+import random
 import struct
 import subprocess
 import sys
@@ -333,3 +334,25 @@ def test_the_configuration_names_every_replica_and_the_picker_only_when_there_is
 def test_a_cluster_without_replicas_is_refused() -> None:
     with pytest.raises(SystemExit, match="name the replicas"):
         layout_from_args([])
+
+
+def test_the_prefix_chain_is_keyed_by_the_model() -> None:
+    """The same prompt to another model shares no block: its cache is another model's."""
+    text = "a shared system prompt " * 10
+    one = chained_blocks([text], model="model-a")
+    other = chained_blocks([text], model="model-b")
+    again = chained_blocks([text], model="model-a")
+    assert {b.digest for b in one}.isdisjoint(b.digest for b in other)
+    assert [b.digest for b in one] == [b.digest for b in again]
+
+
+def test_ties_are_broken_by_a_seeded_draw() -> None:
+    """Replicas equal in every respect are ordered by the picker's seeded generator, so a
+    seed makes routing reproducible."""
+    replicas = [Replica(f"127.0.0.1:{port}") for port in range(9000, 9008)]
+    for replica in replicas:
+        replica.up = True
+    first = [rank(replicas, None, {}, ties=random.Random(7)) for _ in range(3)]
+    assert first[0] == first[1] == first[2]
+    orders = {tuple(rank(replicas, None, {}, ties=random.Random(seed))) for seed in range(20)}
+    assert len(orders) > 1  # the seed decides

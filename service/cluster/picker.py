@@ -20,6 +20,7 @@ Between two polls of the replicas' load, the requests it sent each count too.
 from __future__ import annotations
 
 import asyncio
+import random
 import signal
 import struct
 from collections.abc import AsyncIterator, Sequence
@@ -72,7 +73,8 @@ class RoutingInput:
 
 def routing_input(message: Message) -> RoutingInput:
     if isinstance(message, pb.GenerateRequest):
-        return RoutingInput(message.model, chained_blocks(generation_pieces(message)))
+        pieces = generation_pieces(message)
+        return RoutingInput(message.model, chained_blocks(pieces, model=message.model))
     if isinstance(message, pb.GenerateImageRequest):
         return RoutingInput(message.model or None)
     assert isinstance(message, pb.AdmitRequest)
@@ -149,10 +151,18 @@ class EndpointPicker(ext_grpc.ExternalProcessorServicer):  # type: ignore[misc] 
     choice: one round trip. Sent the body only after answering the headers (a
     BUFFERED configuration), it puts its choice in the body's answer instead."""
 
-    def __init__(self, monitor: ReplicaMonitor, table: PrefixTable, *, balance: int) -> None:
+    def __init__(
+        self,
+        monitor: ReplicaMonitor,
+        table: PrefixTable,
+        *,
+        balance: int,
+        tie_seed: int | None = None,
+    ) -> None:
         self._monitor = monitor
         self._table = table
         self._balance = balance
+        self._ties = random.Random(tie_seed)
 
     async def Process(
         self,
@@ -210,7 +220,8 @@ class EndpointPicker(ext_grpc.ExternalProcessorServicer):  # type: ignore[misc] 
         blocks = routing.blocks if routing else []
         matched = self._table.matched_chars(blocks)
         model = routing.model if routing else None
-        ranked = rank(self._monitor.replicas.values(), model, matched, balance=self._balance)
+        replicas = self._monitor.replicas.values()
+        ranked = rank(replicas, model, matched, balance=self._balance, ties=self._ties)
         if not ranked:
             return _CLEAR_CLIENT_CHOICE  # nothing known to be up: Envoy balances it
         best = self._monitor.replicas[ranked[0]]
@@ -279,7 +290,7 @@ async def serve_picker(settings: PickerSettings) -> None:
     )
     server = grpc.aio.server()
     ext_grpc.add_ExternalProcessorServicer_to_server(
-        EndpointPicker(monitor, table, balance=settings.balance), server
+        EndpointPicker(monitor, table, balance=settings.balance, tie_seed=settings.tie_seed), server
     )
     health_servicer = health.aio.HealthServicer()  # type: ignore[attr-defined]
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)

@@ -24,10 +24,14 @@ class Block:
     end: int  # characters of prompt text up to the end of this block
 
 
-def chained_blocks(pieces: list[str], block_chars: int = BLOCK_CHARS) -> list[Block]:
-    """Blocks of each piece in turn (a piece never shares a block with the next)."""
+def chained_blocks(
+    pieces: list[str], block_chars: int = BLOCK_CHARS, *, model: str = ""
+) -> list[Block]:
+    """Blocks of each piece in turn (a piece never shares a block with the next). The
+    chain starts from the model's name: the same prompt to another model is another
+    prompt, in another cache."""
     blocks: list[Block] = []
-    running = hashlib.blake2b(digest_size=16)
+    running = hashlib.blake2b(model.encode("utf-8", "surrogatepass"), digest_size=16)
     end = 0
     for piece in pieces:
         running.update(b"\x1e")  # a piece boundary is part of the text hashed

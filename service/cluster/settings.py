@@ -50,6 +50,11 @@ class PickerSettings(BaseSettings):
     prefix_capacity: int = Field(
         default=200_000, gt=0, description="Prompt blocks remembered (about 100 bytes each)."
     )
+    tie_seed: int | None = Field(
+        default=None,
+        description="Seed of the draw that orders replicas equal in every other respect "
+        "(unset: drawn at start); a seed makes routing reproducible.",
+    )
     grace_period: float = Field(default=5.0, ge=0, description="Seconds to drain on SIGTERM.")
     log_format: LogFormat = Field(default="auto", description="JSON or console log lines.")
     log_level: LogLevel = Field(default="info", description="The least severe level written.")
