@@ -155,8 +155,9 @@ def _send_deadline(seconds: float, outcome: _RpcOutcome) -> Iterator[None]:
     gRPC writes a yielded message while the handler is suspended at its yield; a
     client that grants no flow-control window (or stops reading) would keep it
     there, and the RPC open, for as long as its connection lives. Cancelling
-    the RPC's task ends the stream (the client sees it reset) and, through the
-    handler's cleanup, whatever was still producing for it."""
+    the RPC's task ends the server's side of the stream and, through the
+    handler's cleanup, whatever was still producing for it. (A client that
+    reads nothing may never see the status: it waits behind the message.)"""
     task = asyncio.current_task()
     assert task is not None
     timer = asyncio.get_running_loop().call_later(seconds, _stalled, task, outcome, seconds)

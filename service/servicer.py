@@ -81,9 +81,10 @@ class InferenceServicer(pb_grpc.InferenceServicer):
         # Before a slot is taken: a download holds no model's place. The client
         # hears how it goes, not silence.
         pulled: PullState | None = None
+        pull_began = time.monotonic()
         async for pulled in self._pulls.before_generate(summary["model"]):
             yield pb.GenerateResponse(pull_progress=_progress_pb(pulled))
-        pull_ms = round((time.monotonic() - received_at) * 1000) if pulled else 0
+        pull_ms = round((time.monotonic() - pull_began) * 1000) if pulled else 0
         generated = self._generated(generation, received_at, summary, pulled, pull_ms)
         async for response in ahead_of_reader(generated, self._stream_buffer_bytes):
             yield response
