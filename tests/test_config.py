@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
 
-from service.config import build_parser, load_settings
+from service.config import Settings, build_parser, load_settings
 
 
 def test_flags_override_environment_which_overrides_the_file(
@@ -121,3 +122,20 @@ def test_gpu_settings_default_to_device_zero_auto_flash_attention_and_no_gpu_bud
 def test_bad_gpu_settings_stop_start_up(argv: list[str]) -> None:
     with pytest.raises(SystemExit):
         load_settings(argv)
+
+
+def test_the_readme_configuration_table_lists_every_setting() -> None:
+    """The reference a user reads stays in step with the settings: every setting has a
+    row (by its flag) in README.md's "Configuration" table."""
+    readme = (Path(__file__).resolve().parent.parent / "README.md").read_text()
+    start = readme.index("\n## Configuration")
+    section = readme[start : readme.index("\n## ", start + 1)]
+    listed = {
+        flag
+        for row in section.splitlines()
+        if row.startswith("| `--")
+        for flag in re.findall(r"`(--[a-z0-9-]+)", row.split("|")[1])
+    }
+    flags = {"--" + name.replace("_", "-") for name in Settings.model_fields}
+    flags = (flags - {"--models"}) | {"--model"}  # the field behind the repeatable --model
+    assert sorted(flags - listed) == []
