@@ -32,13 +32,19 @@ from service.cluster.launcher import free_port
 GREEDY = {"temperature": 0.0}
 
 
+# Every layer on the GPU, flash attention, the batch sizes the service uses.
+GPU_FLAGS = ["-ngl", "99", "-fa", "on", "-b", "2048", "-ub", "512"]
+
+
 @contextmanager
-def llama_server(binary: str, model: str, slots: int, context: int) -> Iterator[str]:
-    """A running llama-server; its base URL."""
+def llama_server(
+    binary: str, model: str, slots: int, context: int, flags: list[str] = GPU_FLAGS
+) -> Iterator[str]:
+    """A running llama-server with a slot per stream and one KV cache for all (-kvu),
+    plus `flags`; its base URL."""
     port = free_port("127.0.0.1")
-    command = [binary, "-m", model, "-ngl", "99", "-np", str(slots), "-c", str(context)]
-    command += ["-kvu", "-fa", "on", "-b", "2048", "-ub", "512", "--host", "127.0.0.1"]
-    command += ["--port", str(port)]
+    command = [binary, "-m", model, "-np", str(slots), "-c", str(context), "-kvu", *flags]
+    command += ["--host", "127.0.0.1", "--port", str(port)]
     process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     url = f"http://127.0.0.1:{port}"
     try:

@@ -23,21 +23,18 @@ import argparse
 import asyncio
 import json
 import statistics
-import subprocess
 import time
-from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import llama_cpp
 
 from bench.chart import bar_chart
-from bench.llama_server import wait_healthy
+from bench.llama_server import GPU_FLAGS, llama_server
 from bench.server import SAMPLED, running_server
 from bench.targets import LlamaServerTarget, Outcome, ServiceTarget, Target
 from bench.workload import Lengths, Request, Texts, parse_range, poisson_gaps, requests
-from service.cluster.launcher import free_port
 from service.config import available_cores
 from service.models.embedded import EMBEDDED_MODELS
 
@@ -128,25 +125,10 @@ def _percentiles(values: list[float], which: tuple[int, ...]) -> dict[str, float
     return {f"p{p}": cuts[p - 1] for p in which}
 
 
-@contextmanager
-def llama_server(
-    binary: str, model: Path, slots: int, context: int, threads: int, gpu_layers: int
-) -> Iterator[str]:
-    """llama.cpp's server with the service's settings: a slot per stream, one KV cache
-    for all (-kvu); on a GPU every layer there, with flash attention. Its base URL."""
-    port = free_port("127.0.0.1")
-    command = [binary, "-m", str(model), "-np", str(slots), "-c", str(context), "-kvu"]
-    command += ["-t", str(threads), "--host", "127.0.0.1", "--port", str(port)]
-    if gpu_layers:
-        command += ["-ngl", "99", "-fa", "on"]
-    process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    url = f"http://127.0.0.1:{port}"
-    try:
-        wait_healthy(url, process)
-        yield url
-    finally:
-        process.terminate()
-        process.wait(timeout=30)
+def llama_server_flags(threads: int, gpu_layers: int) -> list[str]:
+    """llama-server's settings beside the service's: its threads on a CPU; on a GPU
+    every layer there, with flash attention."""
+    return ["-t", str(threads), *(GPU_FLAGS if gpu_layers else [])]
 
 
 async def run_one(
@@ -256,8 +238,8 @@ def main() -> None:
     with running_server(args.model, args.threads, flags) as (address, _):
         results.append(asyncio.run(run_one(lambda: ServiceTarget(address, sampling), work, args)))
     if args.llama_server:
-        binary, layers = args.llama_server, args.gpu_layers
-        with llama_server(binary, path, slots, context, args.threads, layers) as url:
+        flags = llama_server_flags(args.threads, args.gpu_layers)
+        with llama_server(args.llama_server, str(path), slots, context, flags) as url:
             results.append(
                 asyncio.run(run_one(lambda: LlamaServerTarget(url, sampling), work, args))
             )
