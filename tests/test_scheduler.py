@@ -1,0 +1,208 @@
+"""The decode scheduler driven over a backend with no model (issue 28).
+
+`StepBackend` does what the llama.cpp backend does around the forward pass: it
+keeps each sequence's pending tokens, asks the real step planner
+(`service.backends.step_plan`) what each one evaluates, and records every step.
+Its "model" answers token 1 forever, so a request runs until its max_tokens.
+The tests check the scheduler and the planner together: a step never holds more
+than the budget, streams keep advancing while a long prompt goes in by chunks,
+a long prompt is not starved, and a request cancelled mid-prompt frees its place.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+from service.backends.base import ActiveSequence, Sampled, SequenceRequest
+from service.backends.step_plan import Seat, plan_step
+from service.decode.scheduler import DecodeScheduler
+from service.decode.sequence import DecodeEvent, DecodePlan
+from service.text.plain_content import ControlTexts
+from service.text.requests import Delta, Finished, SamplingDefaults, SamplingParams
+
+CAPACITY, CHUNK, TOKEN = 64, 16, 1
+GREEDY = SamplingParams(temperature=0.0, top_p=1.0, top_k=0, min_p=0.0, repeat_penalty=1.0, seed=0)
+
+
+@dataclass(eq=False)
+class FakeSequence:
+    name: str
+    pending: int
+    cached_prompt_tokens: int = 0
+    decoding: bool = False
+
+
+@dataclass
+class StepBackend:
+    """A batching backend without a model: the planner's decisions, recorded."""
+
+    max_sequences: int
+    names: dict[int, str] = field(default_factory=dict)  # first prompt token -> name
+    steps: list[dict[str, int]] = field(default_factory=list)  # tokens per name, per step
+    finished: list[str] = field(default_factory=list)
+    running: list[FakeSequence] = field(default_factory=list)
+    computes_off_cpu: bool = False
+    name: str = "fake"
+    context_length: int = 100_000
+    adds_bos: bool = False
+    chat_template: str | None = None
+    template_tokens: dict[str, str] = field(default_factory=dict)
+
+    def start(self, request: SequenceRequest) -> ActiveSequence | None:
+        if len(self.running) >= self.max_sequences:
+            return None
+        sequence = FakeSequence(self.names[request.prompt_ids[0]], len(request.prompt_ids))
+        self.running.append(sequence)
+        return sequence
+
+    def step(
+        self, sequences: Sequence[ActiveSequence], before_compute: Callable[[], None]
+    ) -> list[Sampled | None]:
+        own = [s for s in sequences if isinstance(s, FakeSequence)]
+        takes = plan_step([Seat(s.pending, s.decoding) for s in own], CAPACITY, CHUNK)
+        before_compute()
+        self.steps.append({s.name: take for s, take in zip(own, takes, strict=True) if take})
+        sampled: list[Sampled | None] = []
+        for sequence, take in zip(own, takes, strict=True):
+            sequence.pending -= take
+            done = take and sequence.pending == 0
+            if done:  # the last prompt chunk or a decode token: a token comes out
+                sequence.decoding, sequence.pending = True, 1
+            sampled.append(Sampled(TOKEN) if done else None)
+        return sampled
+
+    def finish(self, sequence: ActiveSequence) -> None:
+        assert isinstance(sequence, FakeSequence)
+        self.running.remove(sequence)
+        self.finished.append(sequence.name)
+
+    def is_end_of_generation(self, token_id: int) -> bool:
+        return False
+
+    def sampling_defaults(self) -> SamplingDefaults:
+        return SamplingDefaults()
+
+    def tokenize(self, text: str, *, add_bos: bool, special: bool = True) -> list[int]:
+        return [TOKEN] * len(text)
+
+    def control_texts(self) -> ControlTexts:
+        return ControlTexts([])
+
+    def token_bytes(self, token_id: int) -> bytes:
+        return b"x"
+
+    def close(self) -> None:
+        pass
+
+
+class Sink:
+    """Collects one request's events, as the engine's frame sink would."""
+
+    def __init__(self) -> None:
+        self.cancelled = threading.Event()
+        self.events: list[DecodeEvent] = []
+        self.closed: BaseException | bool | None = False
+
+    def send(self, item: DecodeEvent) -> None:
+        self.events.append(item)
+
+    def close(self, error: BaseException | None = None) -> None:
+        self.closed = error if error is not None else True
+
+    @property
+    def tokens(self) -> int:
+        return sum(len(e.token_ids) for e in self.events if isinstance(e, Delta))
+
+    @property
+    def finished(self) -> bool:
+        return any(isinstance(e, Finished) for e in self.events)
+
+
+class Harness:
+    def __init__(self, max_sequences: int) -> None:
+        self.backend = StepBackend(max_sequences)
+        self.scheduler = DecodeScheduler(self.backend, max_waiting=64)
+        self.sinks: dict[str, Sink] = {}
+
+    def submit(self, name: str, prompt: int, answer: int) -> Sink:
+        marker = 1000 + len(self.sinks)  # the prompt's first token names it
+        self.backend.names[marker] = name
+        plan = DecodePlan(
+            prompt_ids=(marker,) + (TOKEN,) * (prompt - 1),
+            max_tokens=answer,
+            stop=(),
+            sampling=GREEDY,
+            time_limit_s=None,
+        )
+        sink = self.sinks[name] = Sink()
+        self.scheduler.enqueue(plan, 0.0, sink)
+        return sink
+
+    def run(self, steps: int) -> None:
+        for _ in range(steps):
+            if not self.scheduler.step():
+                return
+
+
+def test_no_step_holds_more_than_the_budget() -> None:
+    harness = Harness(max_sequences=8)
+    for index in range(8):
+        harness.submit(f"r{index}", prompt=50 + 7 * index, answer=20)
+    harness.run(500)
+    assert all(sink.finished and sink.tokens == 20 for sink in harness.sinks.values())
+    assert max(sum(step.values()) for step in harness.backend.steps) <= CAPACITY
+    # Prompts were split: no one step took a whole 50+ token prompt beside decoders.
+    assert any(0 < step.get("r7", 0) < 99 for step in harness.backend.steps)
+
+
+def test_streams_advance_every_step_while_a_long_prompt_goes_in_by_chunks() -> None:
+    harness = Harness(max_sequences=4)
+    streams = [harness.submit(f"s{index}", prompt=8, answer=200) for index in range(3)]
+    harness.run(3)  # the streams are decoding
+    harness.submit("long", prompt=40 * CHUNK, answer=2)
+    harness.run(60)
+    chunked = [step for step in harness.backend.steps if "long" in step]
+    assert len(chunked) >= 40  # at most CHUNK prompt tokens a step beside the streams
+    assert all(step["long"] <= CHUNK for step in chunked)
+    # Every one of those steps also gave each stream its token.
+    assert all(all(step.get(f"s{i}") == 1 for i in range(3)) for step in chunked)
+    assert harness.sinks["long"].finished
+    assert all(not stream.finished for stream in streams)  # still going
+
+
+def test_a_long_prompt_is_not_starved_by_newer_short_ones() -> None:
+    harness = Harness(max_sequences=4)
+    harness.submit("streaming", prompt=4, answer=10_000)
+    harness.run(2)
+    harness.submit("long", prompt=10 * CHUNK, answer=1)
+    first_token_step: dict[str, int] = {}
+    for step in range(200):
+        harness.submit(f"short{step}", prompt=CHUNK, answer=1)  # one more every step
+        harness.run(1)
+        for name, sink in harness.sinks.items():
+            if sink.tokens and name not in first_token_step:
+                first_token_step[name] = step
+    assert "long" in first_token_step
+    # It came before every short one, and every short one still waited its turn.
+    shorts = [step for name, step in first_token_step.items() if name.startswith("short")]
+    assert shorts
+    assert min(shorts) >= first_token_step["long"]
+
+
+def test_cancelling_mid_prompt_frees_the_place_for_the_next_request() -> None:
+    harness = Harness(max_sequences=1)
+    long = harness.submit("long", prompt=50 * CHUNK, answer=5)
+    waiting = harness.submit("next", prompt=10, answer=3)
+    harness.run(3)
+    assert [s.name for s in harness.backend.running] == ["long"]
+    assert long.tokens == 0  # still reading its prompt
+    long.cancelled.set()
+    harness.run(20)
+    assert harness.backend.finished[0] == "long"  # its sequence was released
+    assert waiting.finished
+    assert waiting.tokens == 3
+    assert long.tokens == 0
+    assert not long.finished
+    assert harness.backend.running == []
