@@ -85,8 +85,9 @@ class LlamaCppOptions:
     # Finished conversations kept in the cache beside the running ones.
     cached_sequences: int = 4
     # While other sequences decode, the most prompt tokens a step evaluates, so
-    # that a long newcomer prompt does not stall their streams.
-    prefill_chunk: int = 128
+    # that a long newcomer prompt does not stall their streams. None: chosen by
+    # where the model computes (see `prefill_chunk_for`).
+    prefill_chunk: int | None = None
 
     @classmethod
     def for_model(cls, model: ModelOptions) -> LlamaCppOptions:
@@ -97,6 +98,25 @@ class LlamaCppOptions:
             max_sequences=model.parallel_sequences,
             **{name: getattr(model, name) for name in shared},
         )
+
+
+# On a CPU a step's time grows with every token in it: 128 prompt tokens add a few
+# decode steps' worth to each stream's next token, and a 150-token prompt still
+# goes in over two steps.
+CPU_PREFILL_CHUNK = 128
+
+
+def prefill_chunk_for(options: LlamaCppOptions, computes_off_cpu: bool) -> int:
+    """The prompt tokens a step may hold beside decoding streams.
+
+    On a GPU a step of a few hundred tokens costs little more than one of a few:
+    the whole batch goes to waiting prompts, so a burst of 128 requests is read
+    in as few steps as llama.cpp's own batched loop takes, rather than 128 tokens
+    a step while the first ones decode (TTFT of seconds at the back of the queue).
+    """
+    if options.prefill_chunk is not None:
+        return options.prefill_chunk
+    return options.batch_size if computes_off_cpu else CPU_PREFILL_CHUNK
 
 
 def _load_model(path: Path, options: LlamaCppOptions) -> LlamaModel:
@@ -180,6 +200,7 @@ class LlamaCppBackend:
             keep_live=options.cached_sequences if self.computes_off_cpu else 1,
         )
         self._batch = Batch(options.batch_size)
+        self._prefill_chunk = prefill_chunk_for(options, self.computes_off_cpu)
         self._rows = RowThreads(options.threads)
         # Cells of parked finished sequences, by sequence id (see kv_slots).
         self._parked: dict[int, ctypes.Array[ctypes.c_uint8]] = {}
@@ -424,7 +445,7 @@ class LlamaCppBackend:
     def _plan_step(self, sequences: list[LlamaSequence]) -> dict[LlamaSequence, Chunk]:
         """This step's chunk per sequence, as `service.decode.step_plan` decides it."""
         seats = [Seat(len(s.pending), s.decoding, self._own_draws.running(s)) for s in sequences]
-        takes = plan_step(seats, self._batch.capacity, self._options.prefill_chunk)
+        takes = plan_step(seats, self._batch.capacity, self._prefill_chunk)
         return {
             sequence: Chunk(
                 seq_id=sequence.slot.seq_id,
