@@ -230,7 +230,7 @@ def main() -> None:
     context = slots * longest
     sampling = dict(SAMPLED) if args.sampled else None
     flags = ["--parallel-sequences", str(slots), "--context-size", str(context)]
-    flags += ["--max-concurrent", str(max(32, slots)), "--gpu-layers", str(args.gpu_layers)]
+    flags += ["--gpu-layers", str(args.gpu_layers)]
     if args.model_path:
         args.model = "bench"
         flags += ["--model", f"bench={path}"]

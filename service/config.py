@@ -382,7 +382,9 @@ class LimitSettings(BaseModel):
     max_concurrent: int = Field(
         default=32,
         gt=0,
-        description="Generate and GenerateImage RPCs doing model work at once, server-wide.",
+        description="Generate and GenerateImage RPCs doing model work at once, server-wide "
+        "(default: twice --parallel-sequences, at least 32, so one model can fill its batch "
+        "within its per-model share).",
     )
     max_queue: int = Field(
         default=128,
@@ -474,6 +476,16 @@ class Settings(
             raise ValueError("tls_cert and tls_key go together")
         if self.tls_client_ca is not None and self.tls_cert is None:
             raise ValueError("tls_client_ca needs tls_cert and tls_key")
+        return self
+
+    @model_validator(mode="after")
+    def _size_concurrency_to_the_batch(self) -> Settings:
+        """Unless set, enough model-work slots for one model to fill its batch: its
+        per-model share (three quarters) of twice the batch still holds the batch,
+        and other models keep the rest. A fixed 32 left a --parallel-sequences 128
+        model running 24 streams, with the others queued in front of it."""
+        if "max_concurrent" not in self.model_fields_set:
+            self.max_concurrent = max(32, 2 * self.parallel_sequences)
         return self
 
     @model_validator(mode="after")

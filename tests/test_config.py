@@ -8,6 +8,8 @@ from pathlib import Path
 import pytest
 
 from service.config import Settings, build_parser, load_settings
+from service.overload import ConcurrencyGate
+from tests.conftest import make_settings
 
 
 def test_flags_override_environment_which_overrides_the_file(
@@ -139,3 +141,13 @@ def test_the_readme_configuration_table_lists_every_setting() -> None:
     flags = {"--" + name.replace("_", "-") for name in Settings.model_fields}
     flags = (flags - {"--models"}) | {"--model"}  # the field behind the repeatable --model
     assert sorted(flags - listed) == []
+
+
+def test_model_work_slots_default_to_room_for_one_full_batch() -> None:
+    """One model's share of the server-wide slots holds its whole batch by default:
+    128 parallel sequences are not cut to 24 running streams by a fixed bound."""
+    wide = make_settings(parallel_sequences=128)
+    assert wide.max_concurrent == 256
+    assert ConcurrencyGate(wide.max_concurrent, wide.max_queue).per_model_active >= 128
+    assert make_settings().max_concurrent == 32  # 8 sequences: the floor
+    assert make_settings(parallel_sequences=128, max_concurrent=10).max_concurrent == 10
