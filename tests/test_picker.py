@@ -22,7 +22,7 @@ from service.cluster.envoy_config import layout_from_args, render
 from service.cluster.picker import ENDPOINT_HEADER, EndpointPicker, read_grpc_message
 from service.cluster.prefix_table import PrefixTable
 from service.cluster.prompt_blocks import chained_blocks, generation_pieces
-from service.cluster.ranking import rank
+from service.cluster.ranking import rank, ranked
 from service.cluster.replicas import Replica, ReplicaMonitor
 
 A, B, C = "10.0.0.1:50051", "10.0.0.2:50051", "10.0.0.3:50051"
@@ -152,6 +152,33 @@ def test_a_cold_model_goes_to_the_least_busy_replica() -> None:
         A,
         C,
     ]
+
+
+def test_the_ranking_says_which_step_put_the_first_replica_first() -> None:
+    def reason(*replicas: Replica, model: str | None = "m", **matched: int) -> str:
+        by_address = {"A": A, "B": B, "C": C}
+        chars = {by_address[name]: n for name, n in matched.items()}
+        return ranked(replicas, model, chars, balance=2).reason
+
+    down = replica(A)
+    down.up = False
+    assert reason() == reason(down) == "no_replica"
+    assert reason(replica(A, load=9), down) == "only_replica"
+
+    def full(address: str) -> Replica:
+        return replica(address, load=1, max_running=1, max_waiting=0)
+
+    assert reason(full(A), full(B)) == "saturated"
+    assert reason(full(A), replica(B, load=5)) == "room"
+    assert reason(replica(A, load=3, models=("x",)), replica(B), model="x") == "model"
+    assert reason(replica(A, load=2), replica(B), A=500, B=64) == "prefix"
+    assert reason(replica(A, load=3), replica(B), A=500) == "balance"  # 3 > 0 + balance
+    assert reason(replica(A, load=3), replica(B, load=1)) == "least_loaded"
+    assert reason(replica(A, load=1), replica(B, load=1), model=None) == "tie"
+    # the winner's own prefix, not a longer one beyond the balance, decided
+    assert reason(replica(A, load=9), replica(B), replica(C, load=1), A=900, B=64) == "prefix"
+    # a cached prefix on a replica without the model is no reason: the model decided
+    assert reason(replica(A, models=("x",)), replica(B, load=5), model="x", B=500) == "model"
 
 
 def test_a_replaced_engine_or_a_replica_back_up_forgets_its_cache() -> None:

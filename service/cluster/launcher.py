@@ -116,6 +116,8 @@ class Cluster:
         picker_command = [sys.executable, "-m", "service.cluster.picker"]
         picker_command += ["--listen", _address(picker.host, picker.port)]
         picker_command += ["--poll-interval", str(self.args.poll_interval)]
+        if self.args.picker_metrics_listen:
+            picker_command += ["--metrics-listen", self.args.picker_metrics_listen]
         for replica in self.replicas:
             picker_command += ["--replica", replica.address]
         self._picker_command = picker_command
@@ -282,6 +284,12 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument(
         "--picker-listen", default="127.0.0.1:50070", help="Where the picker listens."
+    )
+    parser.add_argument(
+        "--picker-metrics-listen",
+        default=None,
+        metavar="HOST:PORT",
+        help="Where the picker serves Prometheus /metrics (its --metrics-listen; default off).",
     )
     parser.add_argument(
         "--no-picker",

@@ -13,6 +13,8 @@ is down or slow, Envoy does the same (failure_mode_allow), so serving goes on
 without it.
 
 Between two polls of the replicas' load, the requests it sent each count too.
+With --metrics-listen it serves Prometheus metrics (`metrics`): its decisions by
+reason, their time, the replicas up, the polls' time.
 
     inference-picker --replica 10.0.0.5:50051 --replica 10.0.0.6:50051
 """
@@ -23,7 +25,9 @@ import asyncio
 import random
 import signal
 import struct
+import time
 from collections.abc import AsyncIterator, Sequence
+from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 
 import grpc
@@ -37,9 +41,10 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
 from inference.v1 import inference_pb2 as pb
+from service.cluster.metrics import PickerMetrics
 from service.cluster.prefix_table import PrefixTable
 from service.cluster.prompt_blocks import Block, chained_blocks, generation_pieces
-from service.cluster.ranking import rank
+from service.cluster.ranking import ranked
 from service.cluster.replicas import ReplicaMonitor
 from service.cluster.settings import PickerSettings, load_picker_settings
 from service.log import configure_logging
@@ -138,10 +143,16 @@ class _Exchange:
     """One request on its way through Envoy: the method, and what is owed back."""
 
     def __init__(self, method: str) -> None:
-        self.message_type: type[Message] | None = ROUTED.get(method)
+        self.method = ""
+        self.message_type: type[Message] | None = None
+        self.name(method)
         self.defer_headers = False  # Envoy sends the body before our headers answer
         self.headers_owed = False
         self.decided = False
+
+    def name(self, method: str) -> None:
+        self.method = method if method in ROUTED else ""
+        self.message_type = ROUTED.get(method)
 
 
 class EndpointPicker(ext_grpc.ExternalProcessorServicer):  # type: ignore[misc]  # untyped
@@ -158,11 +169,13 @@ class EndpointPicker(ext_grpc.ExternalProcessorServicer):  # type: ignore[misc] 
         *,
         balance: int,
         tie_seed: int | None = None,
+        metrics: PickerMetrics | None = None,
     ) -> None:
         self._monitor = monitor
         self._table = table
         self._balance = balance
         self._ties = random.Random(tie_seed)
+        self._metrics = metrics
 
     async def Process(
         self,
@@ -195,11 +208,11 @@ class EndpointPicker(ext_grpc.ExternalProcessorServicer):  # type: ignore[misc] 
     ) -> list[ext.ProcessingResponse]:
         path = _header(headers, ":path")
         if path.startswith(SERVICE_PATH):
-            exchange.message_type = ROUTED.get(path.removeprefix(SERVICE_PATH))
+            exchange.name(path.removeprefix(SERVICE_PATH))
         if exchange.message_type is None:  # not routed: Envoy balances it
             return [_headers_answer(_CLEAR_CLIENT_CHOICE, skip_body=True)]
         if headers.end_of_stream:  # no body at all: by load alone
-            return [_headers_answer(self._route(None, exchange))]
+            return [_headers_answer(self._decide(None, exchange))]
         if exchange.defer_headers:
             exchange.headers_owed = True
             return []
@@ -208,35 +221,57 @@ class EndpointPicker(ext_grpc.ExternalProcessorServicer):  # type: ignore[misc] 
     def _on_body(self, body: ext.HttpBody, exchange: _Exchange) -> list[ext.ProcessingResponse]:
         if exchange.decided or exchange.message_type is None:
             return [_body_answer(ext.HeaderMutation())]
-        message = read_grpc_message(body.body, exchange.message_type)
-        choice = self._route(routing_input(message) if message else None, exchange)
+        choice = self._decide(body.body, exchange)
         if not exchange.headers_owed:
             return [_body_answer(choice)]
         exchange.headers_owed = False
         return [_headers_answer(choice), _body_answer(ext.HeaderMutation())]
 
-    def _route(self, routing: RoutingInput | None, exchange: _Exchange) -> ext.HeaderMutation:
+    def _decide(self, body: bytes | None, exchange: _Exchange) -> ext.HeaderMutation:
+        """The answer for a request whose body is `body` (None: it has none)."""
+        started = time.perf_counter()
         exchange.decided = True
+        assert exchange.message_type is not None
+        message = read_grpc_message(body, exchange.message_type) if body is not None else None
+        routing = routing_input(message) if message else None
         blocks = routing.blocks if routing else []
-        matched = self._table.matched_chars(blocks)
         model = routing.model if routing else None
+        matched = self._table.matched_chars(blocks)
         replicas = self._monitor.replicas.values()
-        ranked = rank(replicas, model, matched, balance=self._balance, ties=self._ties)
-        if not ranked:
+        ranking = ranked(replicas, model, matched, balance=self._balance, ties=self._ties)
+        prefix_chars = matched.get(ranking.order[0], 0) if ranking.order else 0
+        if ranking.order:
+            self._monitor.replicas[ranking.order[0]].routed += 1
+            self._table.record(ranking.order[0], blocks)
+            log.debug(
+                "routed", model=model, to=ranking.order, reason=ranking.reason,
+                prefix_chars=prefix_chars,
+            )  # fmt: skip
+        metrics = self._metrics
+        if metrics is not None:
+            if routing is None:
+                metrics.unread.labels(exchange.method).inc()
+            if blocks and ranking.order:
+                metrics.prompt_chars.inc(blocks[-1].end)
+                metrics.prefix_chars.inc(prefix_chars)
+            metrics.prefix_blocks.set(len(self._table))
+            metrics.decided(exchange.method, ranking.reason, time.perf_counter() - started)
+        if not ranking.order:
             return _CLEAR_CLIENT_CHOICE  # nothing known to be up: Envoy balances it
-        best = self._monitor.replicas[ranked[0]]
-        best.routed += 1
-        self._table.record(best.address, blocks)
-        log.debug("routed", model=model, to=ranked, prefix_chars=matched.get(best.address, 0))
-        value = ",".join(ranked).encode()
-        return ext.HeaderMutation(
-            set_headers=[
-                base_pb2.HeaderValueOption(
-                    header=base_pb2.HeaderValue(key=ENDPOINT_HEADER, raw_value=value),
-                    append_action=base_pb2.HeaderValueOption.OVERWRITE_IF_EXISTS_OR_ADD,
-                )
-            ]
-        )
+        return _endpoint_choice(ranking.order)
+
+
+def _endpoint_choice(order: list[str]) -> ext.HeaderMutation:
+    value = ",".join(order).encode()
+    mutation: ext.HeaderMutation = ext.HeaderMutation(
+        set_headers=[
+            base_pb2.HeaderValueOption(
+                header=base_pb2.HeaderValue(key=ENDPOINT_HEADER, raw_value=value),
+                append_action=base_pb2.HeaderValueOption.OVERWRITE_IF_EXISTS_OR_ADD,
+            )
+        ]
+    )
+    return mutation
 
 
 def _headers_answer(
@@ -278,20 +313,43 @@ def _empty_answer(kind: str) -> Message:
 # --- the program -----------------------------------------------------------------
 
 
-async def serve_picker(settings: PickerSettings) -> None:
+@dataclass
+class RunningPicker:
+    port: int  # ext_proc and health
+    metrics_port: int | None  # None: no --metrics-listen
+    monitor: ReplicaMonitor
+    metrics: PickerMetrics
+
+
+@asynccontextmanager
+async def running_picker(settings: PickerSettings) -> AsyncIterator[RunningPicker]:
+    """The picker serving, polling and (with --metrics-listen) serving metrics until
+    the block ends; then it drains for --grace-period and stops."""
     table = PrefixTable(settings.prefix_capacity)
+    # The monitor reports to the metrics, which read the monitor's view: the
+    # callbacks name `metrics` before it is made, and run only once polling starts.
+
+    def lost(address: str) -> None:
+        table.forget(address)
+        metrics.prefix_blocks.set(len(table))
+
     monitor = ReplicaMonitor(
         settings.replica,
         settings.replicas_dns,
         interval=settings.poll_interval,
         timeout=settings.poll_timeout,
         token=settings.replica_token.get_secret_value() if settings.replica_token else None,
-        on_lost=table.forget,
+        on_lost=lost,
+        on_poll=lambda outcome, seconds: metrics.polled(outcome, seconds),
+    )
+    metrics = PickerMetrics(
+        lambda: monitor.view, methods=tuple(ROUTED), prefix_capacity=settings.prefix_capacity
     )
     server = grpc.aio.server()
-    ext_grpc.add_ExternalProcessorServicer_to_server(
-        EndpointPicker(monitor, table, balance=settings.balance, tie_seed=settings.tie_seed), server
+    picker = EndpointPicker(
+        monitor, table, balance=settings.balance, tie_seed=settings.tie_seed, metrics=metrics
     )
+    ext_grpc.add_ExternalProcessorServicer_to_server(picker, server)
     health_servicer = health.aio.HealthServicer()  # type: ignore[attr-defined]
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
     reflection.enable_server_reflection(
@@ -303,20 +361,32 @@ async def serve_picker(settings: PickerSettings) -> None:
         raise SystemExit(f"cannot listen on {settings.listen}")
     await server.start()
     polling = asyncio.create_task(monitor.run())
-    await health_servicer.set("", health_pb2.HealthCheckResponse.SERVING)
-    host = settings.listen.rpartition(":")[0]
-    log.info(
-        "picking", address=f"{host}:{port}", replicas=settings.replica or settings.replicas_dns
-    )
-    stopping = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for signum in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(signum, stopping.set)
-    await stopping.wait()
-    await health_servicer.enter_graceful_shutdown()
-    await server.stop(settings.grace_period)
-    polling.cancel()
-    await asyncio.gather(polling, return_exceptions=True)
+    try:
+        metrics_port = None
+        if settings.metrics_listen:
+            metrics_port = metrics.serve(settings.metrics_listen)
+            log.info("metrics", address=settings.metrics_listen, port=metrics_port)
+        await health_servicer.set("", health_pb2.HealthCheckResponse.SERVING)
+        host = settings.listen.rpartition(":")[0]
+        log.info(
+            "picking", address=f"{host}:{port}", replicas=settings.replica or settings.replicas_dns
+        )
+        yield RunningPicker(port, metrics_port, monitor, metrics)
+        await health_servicer.enter_graceful_shutdown()
+    finally:
+        await server.stop(settings.grace_period)
+        polling.cancel()
+        await asyncio.gather(polling, return_exceptions=True)
+        metrics.stop()
+
+
+async def serve_picker(settings: PickerSettings) -> None:
+    async with running_picker(settings):
+        stopping = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for signum in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(signum, stopping.set)
+        await stopping.wait()
 
 
 def main(argv: Sequence[str] | None = None) -> None:

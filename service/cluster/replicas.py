@@ -7,12 +7,17 @@ SERVING (it is draining, or its default model failed to load), is down: the
 picker sends it nothing until it answers SERVING again. The replica list is
 fixed (`host:port` addresses) or, for Kubernetes, a DNS name resolved again on
 every refresh (a headless Service's name gives one address per pod).
+
+After each refresh the monitor publishes `view`, a tuple of frozen
+`ReplicaView`s replaced whole, which the metrics thread reads without touching
+the dicts this event loop changes; each poll's outcome and time go to `on_poll`.
 """
 
 from __future__ import annotations
 
 import asyncio
 import socket
+import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
@@ -28,6 +33,7 @@ log = structlog.get_logger("replicas")
 INFERENCE_SERVICE = "inference.v1.Inference"
 # Polls in a row that may time out before a replica counts as down.
 SLOW_POLLS_DOWN = 3
+SERVING = "SERVING"
 
 
 @dataclass
@@ -58,6 +64,16 @@ class Replica:
 
     def has_loaded(self, model: str) -> bool:
         return (model or self.default_model) in self.engines
+
+
+@dataclass(frozen=True)
+class ReplicaView:
+    """A replica as the last refresh left it, for reading from another thread."""
+
+    address: str
+    up: bool
+    running: int
+    waiting: int
 
 
 def parse_address(address: str) -> tuple[str, int]:
@@ -94,6 +110,7 @@ class ReplicaMonitor:
         timeout: float = 1.0,
         token: str | None = None,
         on_lost: Callable[[str], None] = lambda address: None,
+        on_poll: Callable[[str, float], None] = lambda outcome, seconds: None,
     ) -> None:
         self.replicas: dict[str, Replica] = {}
         self._static = list(static)
@@ -101,6 +118,8 @@ class ReplicaMonitor:
         self._interval = interval
         self._timeout = timeout
         self._on_lost = on_lost
+        self._on_poll = on_poll
+        self.view: tuple[ReplicaView, ...] = ()
         self._metadata = (("authorization", f"Bearer {token}"),) if token else ()
         self._channels: dict[str, grpc.aio.Channel] = {}
         self.refreshed = asyncio.Event()
@@ -123,6 +142,9 @@ class ReplicaMonitor:
         for address in addresses:
             self.replicas.setdefault(address, Replica(address))
         await asyncio.gather(*(self._poll(self.replicas[a]) for a in addresses))
+        self.view = tuple(
+            ReplicaView(r.address, r.up, r.running, r.waiting) for r in self.replicas.values()
+        )
 
     async def _addresses(self) -> list[str]:
         found = list(self._static)
@@ -145,6 +167,7 @@ class ReplicaMonitor:
         channel = self._channels.get(replica.address)
         if channel is None:
             channel = self._channels[replica.address] = grpc.aio.insecure_channel(replica.address)
+        started = time.perf_counter()
         try:
             health = await health_pb2_grpc.HealthStub(channel).Check(
                 health_pb2.HealthCheckRequest(service=INFERENCE_SERVICE), timeout=self._timeout
@@ -153,12 +176,13 @@ class ReplicaMonitor:
                 pb.ListModelsRequest(), timeout=self._timeout, metadata=self._metadata
             )
         except grpc.aio.AioRpcError as exc:
+            self._on_poll(exc.code().name, time.perf_counter() - started)
             self._failed_poll(replica, exc.code())
             return
-        if health.status != health_pb2.HealthCheckResponse.SERVING:
-            self._mark_down(
-                replica, health_pb2.HealthCheckResponse.ServingStatus.Name(health.status)
-            )
+        status = health_pb2.HealthCheckResponse.ServingStatus.Name(health.status)
+        self._on_poll(status, time.perf_counter() - started)
+        if status != SERVING:
+            self._mark_down(replica, status)
             return
         self._update(replica, models)
 

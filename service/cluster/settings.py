@@ -56,6 +56,10 @@ class PickerSettings(BaseSettings):
         "(unset: drawn at start); a seed makes routing reproducible.",
     )
     grace_period: float = Field(default=5.0, ge=0, description="Seconds to drain on SIGTERM.")
+    metrics_listen: str | None = Field(
+        default=None,
+        description="Serve Prometheus metrics over HTTP on HOST:PORT at /metrics (off when unset).",
+    )
     log_format: LogFormat = Field(default="auto", description="JSON or console log lines.")
     log_level: LogLevel = Field(default="info", description="The least severe level written.")
 
