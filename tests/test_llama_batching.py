@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import threading
 import tomllib
 from collections.abc import Iterator
 from dataclasses import replace
@@ -13,9 +14,11 @@ import pytest
 from service.backends.base import SequenceRequest
 from service.backends.llama_cpp.backend import LlamaCppBackend, LlamaCppOptions, LlamaSequence
 from service.backends.llama_cpp.log import captured_native_log
+from service.decode.scheduler import DecodeScheduler
+from service.decode.sequence import DecodeEvent, DecodePlan
 from service.errors import InvalidRequest
 from service.models.embedded import EMBEDDED_MODELS
-from service.text.requests import Grammar, SamplingParams
+from service.text.requests import Delta, Finished, FinishReason, Grammar, SamplingParams
 from tests.conftest import SMOLLM
 
 # Every low-level name the backend calls; they move between releases.
@@ -268,3 +271,68 @@ def test_a_shared_prefix_is_copied_between_per_sequence_caches(
     assert cached >= len(shared)
     cold, _ = generate_ids(backend, branch, 6)
     assert produced[:3] == cold[:3]
+
+
+def _schedule(backend: LlamaCppBackend, prompts: list[str]) -> list[_TextSink]:
+    """The prompts decoded together through the scheduler to their ends."""
+    sinks = [_TextSink() for _ in prompts]
+    scheduler = DecodeScheduler(backend, max_waiting=8)
+    for index, (prompt, sink) in enumerate(zip(prompts, sinks, strict=True)):
+        plan = DecodePlan(
+            prompt_ids=tuple(backend.tokenize(prompt, add_bos=backend.adds_bos)),
+            max_tokens=6 + 5 * index,  # ends at different steps
+            stop=(".",),  # and some may end at a stop sequence, found after the fact
+            sampling=GREEDY,
+            time_limit_s=None,
+        )
+        scheduler.enqueue(plan, 0.0, sink)
+    while scheduler.step():
+        pass
+    return sinks
+
+
+class _TextSink:
+    def __init__(self) -> None:
+        self.cancelled = threading.Event()
+        self.ids: list[int] = []
+        self.finished: Finished | None = None
+        self.threads: set[str] = set()
+        self.ended = False
+
+    def send(self, item: DecodeEvent) -> None:
+        self.threads.add(threading.current_thread().name)
+        if isinstance(item, Delta):
+            self.ids.extend(item.token_ids)
+        else:
+            self.finished = item
+
+    def close(self, error: BaseException | None = None) -> None:
+        assert error is None
+        self.ended = True
+
+
+def test_the_work_beside_a_gpu_forward_pass_keeps_every_stream_whole(
+    backend: LlamaCppBackend, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """On a GPU the scheduler hands out a step's tokens during the next forward pass,
+    on another thread. Tried here on the CPU by having the backend say it computes
+    off it: each stream ends as it should (length, or its stop sequence), with the
+    tokens of the plain order (a batch of another shape may part from them at a
+    near-tie, so the first ones are compared), and every sequence is released."""
+    prompts = ["The sky is", "My favourite food is", "Water boils at", "Paris is"]
+    plain = _schedule(backend, prompts)
+    monkeypatch.setattr(LlamaCppBackend, "computes_off_cpu", property(lambda self: True))
+    beside = _schedule(backend, prompts)
+    for index, (one, other) in enumerate(zip(plain, beside, strict=True)):
+        assert other.ended
+        assert other.finished is not None
+        assert one.finished is not None
+        assert other.ids[:4] == one.ids[:4]
+        if other.finished.finish_reason is FinishReason.LENGTH:
+            assert other.finished.usage.completion_tokens == 6 + 5 * index
+        else:
+            assert other.finished.finish_reason is FinishReason.STOP_SEQUENCE
+        assert any(name.startswith("beside-forward") for name in other.threads)
+    assert not any("beside-forward" in name for sink in plain for name in sink.threads)
+    # Nothing is left running: the backend takes max_sequences new ones at once.
+    assert all(len(ids) for ids in run(backend, ["a", "b", "c"], 2))

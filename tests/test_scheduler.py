@@ -7,6 +7,9 @@ Its "model" answers token 1 forever, so a request runs until its max_tokens.
 The tests check the scheduler and the planner together: a step never holds more
 than the budget, streams keep advancing while a long prompt goes in by chunks,
 a long prompt is not starved, and a request cancelled mid-prompt frees its place.
+Each runs twice: as on a CPU, and as on a GPU, where the backend runs the
+scheduler's work between steps on another thread during its forward pass, and
+no sequence may be released while that pass computes.
 """
 
 from __future__ import annotations
@@ -14,6 +17,8 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+
+import pytest
 
 from service.backends.base import ActiveSequence, Sampled, SequenceRequest
 from service.backends.step_plan import Seat, plan_step
@@ -43,6 +48,8 @@ class StepBackend:
     steps: list[dict[str, int]] = field(default_factory=list)  # tokens per name, per step
     finished: list[str] = field(default_factory=list)
     running: list[FakeSequence] = field(default_factory=list)
+    computing: bool = False
+    released_while_computing: int = 0
     computes_off_cpu: bool = False
     name: str = "fake"
     context_length: int = 100_000
@@ -62,7 +69,7 @@ class StepBackend:
     ) -> list[Sampled | None]:
         own = [s for s in sequences if isinstance(s, FakeSequence)]
         takes = plan_step([Seat(s.pending, s.decoding) for s in own], CAPACITY, CHUNK)
-        before_compute()
+        self._compute_beside(before_compute)
         self.steps.append({s.name: take for s, take in zip(own, takes, strict=True) if take})
         sampled: list[Sampled | None] = []
         for sequence, take in zip(own, takes, strict=True):
@@ -73,8 +80,19 @@ class StepBackend:
             sampled.append(Sampled(TOKEN) if done else None)
         return sampled
 
+    def _compute_beside(self, before_compute: Callable[[], None]) -> None:
+        if not self.computes_off_cpu:
+            before_compute()
+            return
+        self.computing = True  # the "forward pass", with the work on a thread beside it
+        beside = threading.Thread(target=before_compute)
+        beside.start()
+        beside.join()
+        self.computing = False
+
     def finish(self, sequence: ActiveSequence) -> None:
         assert isinstance(sequence, FakeSequence)
+        self.released_while_computing += self.computing
         self.running.remove(sequence)
         self.finished.append(sequence.name)
 
@@ -121,8 +139,8 @@ class Sink:
 
 
 class Harness:
-    def __init__(self, max_sequences: int) -> None:
-        self.backend = StepBackend(max_sequences)
+    def __init__(self, max_sequences: int, overlap: bool) -> None:
+        self.backend = StepBackend(max_sequences, computes_off_cpu=overlap)
         self.scheduler = DecodeScheduler(self.backend, max_waiting=64)
         self.sinks: dict[str, Sink] = {}
 
@@ -143,11 +161,17 @@ class Harness:
     def run(self, steps: int) -> None:
         for _ in range(steps):
             if not self.scheduler.step():
-                return
+                break
+        assert self.backend.released_while_computing == 0
 
 
-def test_no_step_holds_more_than_the_budget() -> None:
-    harness = Harness(max_sequences=8)
+@pytest.fixture(params=[False, True], ids=["cpu", "overlapped"])
+def overlap(request: pytest.FixtureRequest) -> bool:
+    return bool(request.param)
+
+
+def test_no_step_holds_more_than_the_budget(overlap: bool) -> None:
+    harness = Harness(max_sequences=8, overlap=overlap)
     for index in range(8):
         harness.submit(f"r{index}", prompt=50 + 7 * index, answer=20)
     harness.run(500)
@@ -157,8 +181,8 @@ def test_no_step_holds_more_than_the_budget() -> None:
     assert any(0 < step.get("r7", 0) < 99 for step in harness.backend.steps)
 
 
-def test_streams_advance_every_step_while_a_long_prompt_goes_in_by_chunks() -> None:
-    harness = Harness(max_sequences=4)
+def test_streams_advance_every_step_while_a_long_prompt_goes_in_by_chunks(overlap: bool) -> None:
+    harness = Harness(max_sequences=4, overlap=overlap)
     streams = [harness.submit(f"s{index}", prompt=8, answer=200) for index in range(3)]
     harness.run(3)  # the streams are decoding
     harness.submit("long", prompt=40 * CHUNK, answer=2)
@@ -172,8 +196,8 @@ def test_streams_advance_every_step_while_a_long_prompt_goes_in_by_chunks() -> N
     assert all(not stream.finished for stream in streams)  # still going
 
 
-def test_a_long_prompt_is_not_starved_by_newer_short_ones() -> None:
-    harness = Harness(max_sequences=4)
+def test_a_long_prompt_is_not_starved_by_newer_short_ones(overlap: bool) -> None:
+    harness = Harness(max_sequences=4, overlap=overlap)
     harness.submit("streaming", prompt=4, answer=10_000)
     harness.run(2)
     harness.submit("long", prompt=10 * CHUNK, answer=1)
@@ -191,8 +215,8 @@ def test_a_long_prompt_is_not_starved_by_newer_short_ones() -> None:
     assert min(shorts) >= first_token_step["long"]
 
 
-def test_cancelling_mid_prompt_frees_the_place_for_the_next_request() -> None:
-    harness = Harness(max_sequences=1)
+def test_cancelling_mid_prompt_frees_the_place_for_the_next_request(overlap: bool) -> None:
+    harness = Harness(max_sequences=1, overlap=overlap)
     long = harness.submit("long", prompt=50 * CHUNK, answer=5)
     waiting = harness.submit("next", prompt=10, answer=3)
     harness.run(3)
@@ -205,4 +229,18 @@ def test_cancelling_mid_prompt_frees_the_place_for_the_next_request() -> None:
     assert waiting.tokens == 3
     assert long.tokens == 0
     assert not long.finished
+    assert harness.backend.running == []
+
+
+def test_every_token_arrives_once_and_in_order_with_the_work_beside_the_step(
+    overlap: bool,
+) -> None:
+    harness = Harness(max_sequences=4, overlap=overlap)
+    sinks = [harness.submit(f"r{i}", prompt=5 + i, answer=7 + 3 * i) for i in range(6)]
+    harness.run(200)
+    for index, sink in enumerate(sinks):
+        assert sink.closed is True  # ended cleanly
+        assert sink.finished
+        assert sink.tokens == 7 + 3 * index
+    assert sorted(harness.backend.finished) == sorted(f"r{i}" for i in range(6))
     assert harness.backend.running == []

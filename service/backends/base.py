@@ -155,9 +155,11 @@ class SequenceStepper(Protocol):
     ) -> list[Sampled | None]:
         """Advance every sequence by one scheduler step.
 
-        `before_compute` runs once the step's input is ready, just before the
-        forward pass (the scheduler sends the previous step's events then, so
-        the event loop handles them while the model computes).
+        `before_compute` runs once the step's input is ready. Where the model
+        `computes_off_cpu`, it runs on another thread during the forward pass
+        (the scheduler hands out the previous step's tokens then, so that work
+        costs the step nothing); it must not call `start`, `step` or `finish`.
+        Elsewhere it runs just before the forward pass, on the caller's thread.
         Returns, per sequence, what it sampled, or None while its prompt
         is still being evaluated (long prompts take several steps).
         """

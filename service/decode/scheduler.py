@@ -11,6 +11,13 @@ and where each one's events go (an `EventSink`). A step:
 4. hands each sampled token to that request's `SequenceDecoder`, which owns its
    stop rules, max_tokens, deadline and events; finished requests leave.
 
+Where the model computes off the CPU, step 4 for one step's tokens runs during
+the next step's forward pass, on the backend's thread beside it (see
+`SequenceStepper.step`): detokenizing, stop rules and the responses then cost
+the GPU no idle time. The price: a request that a stop sequence (or its wall-clock
+ceiling) ends has been put in that next step already, so the model evaluates one
+token it did not need to; its sequence is released once that step is done.
+
 Requests beyond the waiting bound are refused at once with RESOURCE_EXHAUSTED.
 
 Failures are told apart by where they happen (see `service.backends.failure`):
@@ -66,6 +73,7 @@ class _Request:
     chunker: StreamChunker
     sequence: ActiveSequence | None = None
     decoder: SequenceDecoder | None = None
+    retired: bool = False  # out of the batch: a token sampled for it since is dropped
 
 
 @dataclass(frozen=True)
@@ -102,6 +110,14 @@ class DecodeScheduler:
         self._failure: str | None = None
         # Events and stream ends waiting for the next flush, in order.
         self._outbox: list[tuple[Sink, DecodeEvent | _End]] = []
+        # The last step's tokens, until they are handed to their requests.
+        self._undelivered: list[tuple[_Request, Sampled]] = []
+        # Set while the work between steps runs beside a forward pass: sequences
+        # retired then are released (`_unreleased`) once the step is done, since
+        # the backend's cache must not change under the forward pass.
+        self._beside_forward = False
+        self._unreleased: list[_Request] = []
+        self._error_beside: Exception | None = None
 
     @property
     def max_sequences(self) -> int:
@@ -234,15 +250,48 @@ class DecodeScheduler:
     def _advance(self) -> None:
         active = list(self._active)
         try:
-            tokens = self._stepper.step([_sequence(r) for r in active], self._flush)
+            tokens = self._stepper.step([_sequence(r) for r in active], self._between_steps)
         except Exception as exc:  # the library's: the model's state is unknown now
+            self._unreleased.clear()
             self._fail_model(exc)
             return
-        for request, sampled in zip(active, tokens, strict=True):
+        self._release_retired()
+        if self._error_beside is not None:
+            error, self._error_beside = self._error_beside, None
+            raise error
+        self._undelivered = [
+            (request, sampled)
+            for request, sampled in zip(active, tokens, strict=True)
+            if sampled is not None and not request.retired
+        ]
+        if not self._stepper.computes_off_cpu:  # nothing to overlap with: hand them out now
+            self._deliver_undelivered()
+
+    def _between_steps(self) -> None:
+        """Hand out the last step's tokens and send the events, while (on a GPU)
+        the model computes the next step; an error waits for the step's end."""
+        self._beside_forward = True
+        try:
+            self._deliver_undelivered()
+            self._flush()
+        except Exception as exc:  # a bug of ours: raised on the worker once the step ends
+            self._error_beside = exc
+        finally:
+            self._beside_forward = False
+
+    def _deliver_undelivered(self) -> None:
+        undelivered, self._undelivered = self._undelivered, []
+        for request, sampled in undelivered:
             if self._failure is not None:  # retiring an earlier one failed the model
                 return
-            if sampled is not None:
+            if not request.retired:
                 self._deliver(request, sampled)
+
+    def _release_retired(self) -> None:
+        unreleased, self._unreleased = self._unreleased, []
+        for request in unreleased:
+            if self._failure is None:  # releasing an earlier one may have failed the model
+                self._release(request)
 
     def _deliver(self, request: _Request, sampled: Sampled) -> None:
         decoder = request.decoder
@@ -264,7 +313,14 @@ class DecodeScheduler:
         """Take a request out of the batch, ending its stream (with `error` if set)
         after what it already produced, and release its sequence."""
         self._active.remove(request)
+        request.retired = True
         self._outbox.append((request.channel, _End(error)))
+        if self._beside_forward:
+            self._unreleased.append(request)
+        else:
+            self._release(request)
+
+    def _release(self, request: _Request) -> None:
         try:
             self._stepper.finish(_sequence(request))
         except Exception as exc:  # the library's: the model's cache state is unknown
@@ -294,6 +350,7 @@ class DecodeScheduler:
         """A bug of ours struck mid-step: the running requests end with it; those
         waiting stay, and the model serves on."""
         log.error("scheduler step failed", model=self._name, exc_info=error)
+        self._undelivered.clear()
         for request in list(self._active):
             self._outbox.append((request.channel, _End(error)))
             if request.sequence is not None:
@@ -305,6 +362,7 @@ class DecodeScheduler:
         """Close every request, running ones with `running_error`, waiting ones with
         UNAVAILABLE, and refuse new ones for `reason`. What was produced before still
         goes out first."""
+        self._undelivered.clear()  # their requests end with the error instead
         self._send_held()
         self._flush()
         self._failure = reason

@@ -21,6 +21,7 @@ import re
 import threading
 import time
 from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, fields, replace
 from functools import partial
 from pathlib import Path
@@ -201,6 +202,8 @@ class LlamaCppBackend:
         )
         self._batch = Batch(options.batch_size)
         self._prefill_chunk = prefill_chunk_for(options, self.computes_off_cpu)
+        # Runs the scheduler's between-steps work during a GPU's forward pass.
+        self._beside = ThreadPoolExecutor(1, thread_name_prefix="beside-forward")
         self._rows = RowThreads(options.threads)
         # Cells of parked finished sequences, by sequence id (see kv_slots).
         self._parked: dict[int, ctypes.Array[ctypes.c_uint8]] = {}
@@ -319,9 +322,8 @@ class LlamaCppBackend:
                 sampled = self._collect_own_draws(own)
             return [sampled.get(sequence) for sequence in own]
         self._batch.fill([chunk for _, chunk in chunks])
-        before_compute()
         started = time.perf_counter()
-        outputs = self._batch.decode(self._context.ctx)
+        outputs = self._decode_beside(before_compute)
         decoded = time.perf_counter()
         ready: list[tuple[LlamaSequence, int]] = []
         for (sequence, chunk), output in zip(chunks, outputs, strict=True):
@@ -339,6 +341,19 @@ class LlamaCppBackend:
         self._own_draws.wait(drawing, decoded + share - time.perf_counter())
         sampled |= self._collect_own_draws(own)
         return [sampled.get(sequence) for sequence in own]
+
+    def _decode_beside(self, work: Callable[[], None]) -> list[int]:
+        """The forward pass, with `work` done meanwhile: on another thread while a
+        GPU computes (the decode call lets go of the GIL), else first, here, where
+        it would take the CPU from the forward pass."""
+        if not self.computes_off_cpu:
+            work()
+            return self._batch.decode(self._context.ctx)
+        beside = self._beside.submit(work)
+        try:
+            return self._batch.decode(self._context.ctx)
+        finally:
+            beside.result()
 
     def _start_own_draws(self, ready: list[tuple[LlamaSequence, int]]) -> list[LlamaSequence]:
         """Start the draws of the sequences with a sampler of their own (see own_draws),
@@ -437,6 +452,7 @@ class LlamaCppBackend:
         if not self._closed.is_set():
             self._closed.set()
             self._own_draws.close()
+            self._beside.shutdown(wait=False)
             self._rows.close()
             self._batch.close()
             self._context.close()
