@@ -62,9 +62,11 @@ def test_a_generation_request_crosses_with_its_grammar_compiled_once() -> None:
     )
     request = generation_request(message)
     assert request.grammar is not None
-    crossed = wire.generation_request(wire.generate_message(7, request, 12.5).generate)
+    generate = wire.generate_message(7, request, 12.5, request_id="trace-1").generate
+    crossed = wire.generation_request(generate)
     assert crossed == request
     assert crossed.grammar == request.grammar
+    assert (generate.id, generate.request_id) == (7, "trace-1")
 
 
 def test_an_image_request_crosses_with_its_seed() -> None:
@@ -72,8 +74,9 @@ def test_an_image_request_crosses_with_its_seed() -> None:
     request = ImageRequest.from_pb(
         pb.GenerateImageRequest(model="tiny-sd", prompt="a fox", width=64), limits
     )
-    crossed = wire.image_request(wire.image_message(3, request, 1.0).generate_image)
-    assert crossed == request
+    image = wire.image_message(3, request, 1.0, request_id="trace-2").generate_image
+    assert wire.image_request(image) == request
+    assert (image.id, image.request_id) == (3, "trace-2")
 
 
 def test_engine_options_cross_whole() -> None:

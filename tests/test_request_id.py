@@ -13,6 +13,7 @@ from tests.conftest import GEMMA
 from tests.server_process import server_process, wait_until_serving
 
 HI = pb.GenerateRequest(prompt="Hi", max_tokens=1, temperature=0)
+HI_GEMMA = pb.GenerateRequest(model=GEMMA, prompt="Hi", max_tokens=1, temperature=0)
 
 
 def returned_id(call: grpc.Call) -> str:
@@ -74,3 +75,38 @@ def test_every_log_line_of_a_request_carries_its_id() -> None:
     events = {line["event"] for line in mine}
     assert {"model loaded", "rpc"} <= events  # the load happened inside the request
     assert all(line.get("request_id") in (None, "log-42") for line in lines)
+
+
+def test_the_engine_s_lines_about_a_request_carry_its_id_too() -> None:
+    """Only the engine can tell that this prompt and max_tokens overflow the context (it
+    holds the tokenizer), so the request fails there: the engine's lines about it, read
+    back from the front's log where they are relayed, name the same request as the
+    front's own summary line. A request that succeeds is followed, at debug, onto the
+    engine's preparation thread."""
+    env = {"INFERENCE_THREADS": "2", "INFERENCE_LOG_LEVEL": "debug"}
+    with server_process(env=env) as server:
+        with grpc.insecure_channel(server.wait_for_address()) as channel:
+            wait_until_serving(channel)
+            stub = pb_grpc.InferenceStub(channel)
+            request = pb.GenerateRequest(model=GEMMA, prompt="Hi", max_tokens=30000)
+            with pytest.raises(grpc.RpcError) as caught:
+                list(stub.Generate(request, metadata=[("x-request-id", "engine-29")], timeout=60))
+            assert caught.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+            list(stub.Generate(HI_GEMMA, metadata=[("x-request-id", "engine-ok")], timeout=60))
+        server.process.terminate()
+        server.process.wait(timeout=30)
+    lines = [json.loads(line) for line in server.log if line.startswith("{")]
+    loads = [line for line in lines if line["event"] == "model loaded"]
+    engine_pid = next(line["engine_pid"] for line in loads if line["model"] == GEMMA)
+    mine = [line for line in lines if line.get("request_id") == "engine-29"]
+    # The relay stamps each line an engine wrote with that engine's pid.
+    from_engine = {line["event"] for line in mine if line.get("engine_pid") == engine_pid}
+    assert {"request received", "request ended with error"} <= from_engine
+    assert engine_pid != server.process.pid
+    ended = next(line for line in mine if line["event"] == "request ended with error")
+    assert (ended["code"], ended["model"]) == ("INVALID_ARGUMENT", GEMMA)
+    summary = next(line for line in mine if line["event"] == "rpc")
+    assert summary["code"] == "INVALID_ARGUMENT"
+    assert "engine_pid" not in summary  # the front's own line
+    served = {line["event"] for line in lines if line.get("request_id") == "engine-ok"}
+    assert {"request received", "request prepared", "request ended", "rpc"} <= served

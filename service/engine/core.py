@@ -21,6 +21,8 @@ from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import cast
 
+import structlog
+
 from inference.v1 import inference_pb2 as pb
 from service.backends.base import TextBackend
 from service.backends.failure import RELOADING, library_failure
@@ -33,6 +35,7 @@ from service.engine.options import EngineOptions
 from service.errors import NotSupported, ServiceError, Unavailable
 from service.images.backend import GenerationCancelled, ImageBackend
 from service.images.requests import ImageRequest, ImageStep, RenderedImage
+from service.request_id import in_this_context
 from service.text.plain_content import prompt_ids
 from service.text.requests import ChatMessage, Finished, GenerationRequest, Started, Tool
 from service.tools.base import ToolCallParser
@@ -41,6 +44,8 @@ from service.worker import EventSink, ModelWorker
 
 TextSink = EventSink[pb.GenerateResponse]
 ImageSink = EventSink[ImageStep | RenderedImage]
+
+log = structlog.get_logger("engine")
 
 
 class EngineCore:
@@ -102,8 +107,13 @@ class EngineCore:
         Rendering the chat template and tokenizing take time in proportion to the
         prompt (a megabyte takes seconds): on the worker thread they held up every
         stream of the model between two steps. The preparation thread is one, so
-        requests are queued in the order they came."""
-        self._preparer.submit(self._prepare_then_queue, request, received_at, sink)
+        requests are queued in the order they came.
+
+        The caller's context holds the request id (bound by the engine process, or
+        the RPC's own in-process): preparing and queueing run in copies of it, so
+        what they log names the request."""
+        prepare = in_this_context(lambda: self._prepare_then_queue(request, received_at, sink))
+        self._preparer.submit(prepare)
 
     def _prepare_then_queue(
         self, request: GenerationRequest, received_at: float, sink: TextSink
@@ -115,6 +125,9 @@ class EngineCore:
             sink.close(exc)
             self._publish()
             return
+        log.debug(
+            "request prepared", prompt_tokens=started.prompt_tokens, max_tokens=plan.max_tokens
+        )
         responses = _Responses(sink, parser if request.tools else None)
 
         def queue() -> None:
@@ -122,10 +135,15 @@ class EngineCore:
             scheduler.enqueue(plan, received_at, responses)
 
         try:
-            self.worker.submit(queue)
+            self.worker.submit(in_this_context(queue))
         except ServiceError as exc:  # the model is being unloaded
             sink.close(exc)
             self._publish()
+
+    def submit_image(self, request: ImageRequest, received_at: float, sink: ImageSink) -> None:
+        """Queue one image on the worker thread, in the caller's context (as submit_text:
+        what the pipeline logs names the request)."""
+        self.worker.submit(in_this_context(lambda: self.start_image(request, received_at, sink)))
 
     def start_image(self, request: ImageRequest, received_at: float, sink: ImageSink) -> None:
         """Render one image, reporting each step to `sink`, then the image."""

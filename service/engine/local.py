@@ -69,7 +69,7 @@ class LocalEngine:
         self, request: ImageRequest, received_at: float
     ) -> AsyncIterator[ImageStep | RenderedImage]:
         channel: Channel[ImageStep | RenderedImage] = Channel(asyncio.get_running_loop())
-        self._worker.submit(lambda: self.core.start_image(request, received_at, channel))
+        self.core.submit_image(request, received_at, channel)
         async for item in channel:
             yield item
 

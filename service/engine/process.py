@@ -39,6 +39,7 @@ from service.engine.measure import GpuMemory, rss_bytes
 from service.engine.options import EngineOptions
 from service.errors import ServiceError, TimedOut, Unavailable
 from service.images.requests import ImageRequest, ImageStep, RenderedImage
+from service.request_id import current_request_id
 from service.text.requests import GenerationRequest
 
 log = structlog.get_logger("engine")
@@ -160,9 +161,11 @@ class EngineProcess:
     async def generate(
         self, request: GenerationRequest, received_at: float
     ) -> AsyncIterator[pb.GenerateResponse]:
-        request_id = next(self._ids)
-        message = wire.generate_message(request_id, request, received_at)
-        async for event in self._exchange(request_id, message, self._ceiling()):
+        socket_id = next(self._ids)
+        message = wire.generate_message(
+            socket_id, request, received_at, request_id=current_request_id()
+        )
+        async for event in self._exchange(socket_id, message, self._ceiling()):
             yield event.text
 
     def _ceiling(self) -> float | None:
@@ -174,9 +177,11 @@ class EngineProcess:
     async def generate_image(
         self, request: ImageRequest, received_at: float
     ) -> AsyncIterator[ImageStep | RenderedImage]:
-        request_id = next(self._ids)
-        message = wire.image_message(request_id, request, received_at)
-        async for event in self._exchange(request_id, message):
+        socket_id = next(self._ids)
+        message = wire.image_message(
+            socket_id, request, received_at, request_id=current_request_id()
+        )
+        async for event in self._exchange(socket_id, message):
             if event.WhichOneof("event") == "image":
                 yield wire.rendered_image(event.image)
             else:
@@ -206,14 +211,14 @@ class EngineProcess:
     # --- the socket -------------------------------------------------------------------------
 
     async def _exchange(
-        self, request_id: int, message: epb.ToEngine, ceiling: float | None = None
+        self, socket_id: int, message: epb.ToEngine, ceiling: float | None = None
     ) -> AsyncIterator[epb.Event]:
         """Send one request; yield its events until its end, raising its error. With a
         `ceiling`, the request may last that long after its first event, no longer."""
         if self._dead is not None:
             raise self._dead
         queue: asyncio.Queue[_Item] = asyncio.Queue()
-        self._requests[request_id] = queue
+        self._requests[socket_id] = queue
         self._send(message)
         deadline: float | None = None
         try:
@@ -230,8 +235,8 @@ class EngineProcess:
                 yield item
         finally:
             # Still registered: it stopped before its end (the client went away).
-            if self._requests.pop(request_id, None) is not None and self._dead is None:
-                self._send(epb.ToEngine(cancel=epb.Cancel(id=request_id)))
+            if self._requests.pop(socket_id, None) is not None and self._dead is None:
+                self._send(epb.ToEngine(cancel=epb.Cancel(id=socket_id)))
 
     async def _next_item(self, queue: asyncio.Queue[_Item], deadline: float | None) -> _Item:
         if deadline is None:

@@ -35,6 +35,7 @@ from service.engine.loading import load_backend
 from service.engine.options import EngineOptions
 from service.images.requests import ImageStep, RenderedImage
 from service.log import configure
+from service.request_id import bound_request_id
 from service.worker import ModelWorker
 
 log = structlog.get_logger("engine")
@@ -91,10 +92,14 @@ class Outgoing:
 
 class RemoteSink:
     """One request's results, as events for the front; `cancelled` is set when the
-    front says the client went away."""
+    front says the client went away. `request_id` is the RPC's, for log lines: the
+    sink is closed on whichever thread ended the request, which has not bound it."""
 
-    def __init__(self, request_id: int, outgoing: Outgoing, forget: Callable[[int], None]) -> None:
-        self._id = request_id
+    def __init__(
+        self, socket_id: int, request_id: str, outgoing: Outgoing, forget: Callable[[int], None]
+    ) -> None:
+        self._id = socket_id
+        self.request_id = request_id
         self._outgoing = outgoing
         self._forget = forget
         self._cancelled = threading.Event()
@@ -115,7 +120,20 @@ class RemoteSink:
 
     def close(self, error: BaseException | None = None) -> None:
         self._forget(self._id)
-        self._outgoing.add(epb.Event(id=self._id, end=wire.status_of(error)))
+        with bound_request_id(self.request_id):  # status_of logs a bug's traceback
+            end = wire.status_of(error)
+            _log_end(end)
+        self._outgoing.add(epb.Event(id=self._id, end=end))
+
+
+def _log_end(end: epb.Status) -> None:
+    """The engine's last line about a request. A failure is at info, as the front's
+    summary line of the RPC is: the client was told, and the operator can match the
+    two by request id; the engine's line also says where it failed."""
+    if end.code == wire.OK:
+        log.debug("request ended")
+    else:
+        log.info("request ended with error", code=wire.code_name(end.code), error=end.message)
 
 
 class EngineServer:
@@ -174,38 +192,49 @@ class EngineServer:
         elif kind == "generate_image":
             self._generate_image(message.generate_image)
         elif kind == "cancel":
-            sink = self._sinks.get(message.cancel.id)
-            if sink is not None:
-                sink.cancelled.set()
+            self._cancel(message.cancel.id)
         elif kind == "shutdown":
             self._shut_down(message.shutdown.reason)
             return False
         return True
 
     def _generate(self, generate: epb.Generate) -> None:
-        sink = self._sink(generate.id)
+        sink = self._sink(generate.id, generate.request_id)
+        # Bound here, the id also reaches the preparation and worker threads: the core
+        # runs this request's work there in a copy of this context.
+        with bound_request_id(generate.request_id):
+            log.debug("request received", kind="text")
+            self._start_text(generate, sink)
+
+    def _start_text(self, generate: epb.Generate, sink: RemoteSink) -> None:
         try:
             request = wire.generation_request(generate)
         except Exception as exc:  # the front checked it; a mismatch is ours to report
             sink.close(exc)
             self._outgoing.flush()
             return
-        core = self._served()
-        core.submit_text(request, generate.received_at, sink)
+        self._served().submit_text(request, generate.received_at, sink)
 
     def _generate_image(self, image: epb.GenerateImage) -> None:
-        sink = self._sink(image.id)
-        request = wire.image_request(image)
-        core = self._served()
-        self._worker.submit(lambda: core.start_image(request, image.received_at, sink))
+        sink = self._sink(image.id, image.request_id)
+        with bound_request_id(image.request_id):  # as in _generate
+            log.debug("request received", kind="image")
+            self._served().submit_image(wire.image_request(image), image.received_at, sink)
 
-    def _sink(self, request_id: int) -> RemoteSink:
-        sink = RemoteSink(request_id, self._outgoing, self._forget)
-        self._sinks[request_id] = sink
+    def _cancel(self, socket_id: int) -> None:
+        sink = self._sinks.get(socket_id)
+        if sink is not None:  # else it ended already; the front had not heard yet
+            with bound_request_id(sink.request_id):
+                log.debug("request cancelled")
+            sink.cancelled.set()
+
+    def _sink(self, socket_id: int, request_id: str) -> RemoteSink:
+        sink = RemoteSink(socket_id, request_id, self._outgoing, self._forget)
+        self._sinks[socket_id] = sink
         return sink
 
-    def _forget(self, request_id: int) -> None:
-        self._sinks.pop(request_id, None)
+    def _forget(self, socket_id: int) -> None:
+        self._sinks.pop(socket_id, None)
 
     def _served(self) -> EngineCore:
         assert self._core is not None  # requests come only after Loaded

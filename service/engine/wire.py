@@ -37,6 +37,7 @@ _ERRORS: dict[int, type[errors.ServiceError]] = {
     )
 }
 OK = grpc.StatusCode.OK.value[0]
+_CODE_NAMES = {code.value[0]: code.name for code in grpc.StatusCode}
 
 
 def status_of(error: BaseException | None) -> epb.Status:
@@ -48,17 +49,25 @@ def status_of(error: BaseException | None) -> epb.Status:
     return epb.Status(code=errors.BackendFailure.code.value[0], message=INTERNAL_MESSAGE)
 
 
+def code_name(code: int) -> str:
+    """The status code's name, as the front's log lines write it: "INVALID_ARGUMENT"."""
+    return _CODE_NAMES.get(code, str(code))
+
+
 def error_of(status: epb.Status) -> errors.ServiceError:
     kind = _ERRORS.get(status.code, errors.BackendFailure)
     return kind(status.message or INTERNAL_MESSAGE)
 
 
 def generate_message(
-    request_id: int, request: GenerationRequest, received_at: float
+    socket_id: int, request: GenerationRequest, received_at: float, *, request_id: str
 ) -> epb.ToEngine:
+    """`socket_id` keys the request on this socket; `request_id` is the RPC's, for logs."""
     if request.message is None:
         raise ValueError("an engine process serves requests converted from their message")
-    generate = epb.Generate(id=request_id, received_at=received_at, request=request.message)
+    generate = epb.Generate(
+        id=socket_id, received_at=received_at, request=request.message, request_id=request_id
+    )
     if request.grammar is not None:
         generate.grammar = request.grammar.text
         generate.grammar_branches = request.grammar.branches
@@ -74,7 +83,9 @@ def generation_request(generate: epb.Generate) -> GenerationRequest:
     return GenerationRequest.from_pb(generate.request, limits, grammar=grammar)
 
 
-def image_message(request_id: int, request: ImageRequest, received_at: float) -> epb.ToEngine:
+def image_message(
+    socket_id: int, request: ImageRequest, received_at: float, *, request_id: str
+) -> epb.ToEngine:
     message = pb.GenerateImageRequest(
         model=request.model,
         prompt=request.prompt,
@@ -85,7 +96,9 @@ def image_message(request_id: int, request: ImageRequest, received_at: float) ->
         value = getattr(request, name)
         if value is not None:
             setattr(message, name, value)
-    image = epb.GenerateImage(id=request_id, received_at=received_at, request=message)
+    image = epb.GenerateImage(
+        id=socket_id, received_at=received_at, request=message, request_id=request_id
+    )
     return epb.ToEngine(generate_image=image)
 
 

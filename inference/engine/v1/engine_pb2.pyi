@@ -98,28 +98,32 @@ class Status(_message.Message):
     def __init__(self, code: _Optional[int] = ..., message: _Optional[str] = ...) -> None: ...
 
 class Generate(_message.Message):
-    __slots__ = ("id", "received_at", "request", "grammar", "grammar_branches")
+    __slots__ = ("id", "received_at", "request", "grammar", "grammar_branches", "request_id")
     ID_FIELD_NUMBER: _ClassVar[int]
     RECEIVED_AT_FIELD_NUMBER: _ClassVar[int]
     REQUEST_FIELD_NUMBER: _ClassVar[int]
     GRAMMAR_FIELD_NUMBER: _ClassVar[int]
     GRAMMAR_BRANCHES_FIELD_NUMBER: _ClassVar[int]
+    REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     id: int
     received_at: float
     request: _inference_pb2.GenerateRequest
     grammar: str
     grammar_branches: int
-    def __init__(self, id: _Optional[int] = ..., received_at: _Optional[float] = ..., request: _Optional[_Union[_inference_pb2.GenerateRequest, _Mapping]] = ..., grammar: _Optional[str] = ..., grammar_branches: _Optional[int] = ...) -> None: ...
+    request_id: str
+    def __init__(self, id: _Optional[int] = ..., received_at: _Optional[float] = ..., request: _Optional[_Union[_inference_pb2.GenerateRequest, _Mapping]] = ..., grammar: _Optional[str] = ..., grammar_branches: _Optional[int] = ..., request_id: _Optional[str] = ...) -> None: ...
 
 class GenerateImage(_message.Message):
-    __slots__ = ("id", "received_at", "request")
+    __slots__ = ("id", "received_at", "request", "request_id")
     ID_FIELD_NUMBER: _ClassVar[int]
     RECEIVED_AT_FIELD_NUMBER: _ClassVar[int]
     REQUEST_FIELD_NUMBER: _ClassVar[int]
+    REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     id: int
     received_at: float
     request: _inference_pb2.GenerateImageRequest
-    def __init__(self, id: _Optional[int] = ..., received_at: _Optional[float] = ..., request: _Optional[_Union[_inference_pb2.GenerateImageRequest, _Mapping]] = ...) -> None: ...
+    request_id: str
+    def __init__(self, id: _Optional[int] = ..., received_at: _Optional[float] = ..., request: _Optional[_Union[_inference_pb2.GenerateImageRequest, _Mapping]] = ..., request_id: _Optional[str] = ...) -> None: ...
 
 class Cancel(_message.Message):
     __slots__ = ("id",)
