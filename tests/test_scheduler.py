@@ -244,3 +244,15 @@ def test_every_token_arrives_once_and_in_order_with_the_work_beside_the_step(
         assert sink.tokens == 7 + 3 * index
     assert sorted(harness.backend.finished) == sorted(f"r{i}" for i in range(6))
     assert harness.backend.running == []
+
+
+def test_a_request_cancelled_while_waiting_is_ended_without_running(overlap: bool) -> None:
+    harness = Harness(max_sequences=1, overlap=overlap)
+    harness.submit("running", prompt=4, answer=50)
+    waiting = harness.submit("waiting", prompt=4, answer=5)
+    harness.run(2)
+    waiting.cancelled.set()
+    harness.run(100)
+    assert waiting.closed is True  # its stream ended, so the engine lets go of it
+    assert waiting.tokens == 0
+    assert "waiting" not in harness.backend.finished  # it never got a sequence

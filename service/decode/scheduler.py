@@ -206,7 +206,11 @@ class DecodeScheduler:
         for request in [r for r in self._active if r.channel.cancelled.is_set()]:
             if self._failure is None:  # retiring one may have failed the model
                 self._retire(request)
-        self._waiting = deque(r for r in self._waiting if not r.channel.cancelled.is_set())
+        for request in [r for r in self._waiting if r.channel.cancelled.is_set()]:
+            self._waiting.remove(request)
+            # Ended, so the engine forgets it (its sink, its log line) as it would a
+            # running one's; nobody reads the stream any more.
+            self._outbox.append((request.channel, _End()))
 
     def _admit_waiting(self) -> None:
         while self._waiting and len(self._active) < self._stepper.max_sequences:
