@@ -11,6 +11,7 @@ from inference.v1 import inference_pb2 as pb
 from inference.v1 import inference_pb2_grpc as pb_grpc
 from service.admission import Capability, Decision
 from service.auth import BearerAuth
+from service.backends.names import EXTERNAL
 from service.conversion import generation_request
 from service.errors import InvalidRequest
 from service.hub.disk import free_bytes
@@ -295,7 +296,7 @@ def _capability(value: int) -> Capability:
 
 def _model_info(spec: ModelSpec, model: LoadedModel | None, default: str) -> pb.ModelInfo:
     # Until a model is loaded its kind is only known for the external image command.
-    capability = pb.CAPABILITY_IMAGE if spec.backend == "external" else pb.CAPABILITY_TEXT
+    capability = pb.CAPABILITY_IMAGE if spec.backend == EXTERNAL else pb.CAPABILITY_TEXT
     info = pb.ModelInfo(
         name=spec.name,
         source=spec.label,

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from service.backends.failure import load_refused
+from service.backends.names import DIFFUSERS
 from service.errors import BackendFailure, NotSupported
 from service.images.backend import GenerationCancelled, ProgressCallback
 from service.images.requests import ImageRequest, RenderedImage
@@ -29,7 +30,7 @@ if TYPE_CHECKING:
     from diffusers.pipelines.pipeline_utils import DiffusionPipeline
     from PIL.Image import Image
 
-BACKEND_NAME = "diffusers"
+BACKEND_NAME = DIFFUSERS
 
 # What diffusers and transformers raise for a missing or malformed model_index.json,
 # an unknown pipeline or component class, a config that does not fit its weights, or a

@@ -34,11 +34,12 @@ from mlx_lm.utils import load
 
 from service.backends.base import TokenStream, common_prefix_length
 from service.backends.failure import load_refused
+from service.backends.names import MLX_LM
 from service.errors import BackendFailure
 from service.text.plain_content import ControlTexts
 from service.text.requests import SamplingDefaults, SamplingParams
 
-BACKEND_NAME = "mlx-lm"
+BACKEND_NAME = MLX_LM
 
 # generation_config.json keys where a checkpoint states its own sampling
 # defaults, and the SamplingDefaults fields they fill.
@@ -92,11 +93,11 @@ class _Snapshot:
 def _load(path: Path) -> Loaded:
     if not path.is_dir():
         # mlx_lm.load takes a path that does not exist for a Hub repo id and downloads it.
-        raise load_refused("mlx-lm", path, "it is not a directory")
+        raise load_refused(BACKEND_NAME, path, "it is not a directory")
     try:
         loaded = load(str(path), return_config=True)
     except _LOAD_ERRORS as exc:
-        raise load_refused("mlx-lm", path, str(exc)) from exc
+        raise load_refused(BACKEND_NAME, path, str(exc)) from exc
     return cast(Loaded, loaded)  # return_config=True picks the 3-tuple of load's union
 
 

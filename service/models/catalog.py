@@ -27,7 +27,7 @@ class ModelSpec:
     chat_template: str | None = None
     configured: bool = True
     source: str = ""  # the reference as configured or requested
-    backend: str = "auto"  # "external": images come from the external command
+    backend: str = "auto"  # or names.EXTERNAL: images come from the external command
     base_model: str = "dev"
 
 

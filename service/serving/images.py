@@ -17,6 +17,7 @@ from pathlib import Path
 import structlog
 
 from service.admission import Capability, Decision
+from service.backends.names import EXTERNAL as EXTERNAL_SETTING
 from service.config import Settings
 from service.errors import NotSupported
 from service.images.external import BACKEND_NAME as EXTERNAL
@@ -39,7 +40,7 @@ class ImageGenerator:
     async def route(self, model: str) -> ExternalRoute | None:
         """The external route for `model`, or None when it runs in process."""
         spec = self._pool.catalog.configured(model)
-        if spec is not None and spec.backend != "external":
+        if spec is not None and spec.backend != EXTERNAL_SETTING:
             return None
         builtins = await asyncio.to_thread(self._commands.known_base_models)
         if spec is not None:

@@ -41,7 +41,7 @@ from service.backends.llama_cpp.kv_slots import Placement, Slot, SlotTable
 from service.backends.llama_cpp.logprobs import token_logprob
 from service.backends.llama_cpp.own_draws import OwnDraws
 from service.backends.llama_cpp.sampling import Logits, SamplerChain, SamplingRefused
-from service.backends.names import FlashAttention, KvLayout
+from service.backends.names import LLAMA_CPP, FlashAttention, KvLayout
 from service.backends.row_threads import RowThreads
 from service.backends.step_plan import Seat, plan_step
 from service.errors import BackendFailure
@@ -50,7 +50,7 @@ from service.model_options import ModelOptions
 from service.text.plain_content import ControlTexts
 from service.text.requests import SamplingDefaults
 
-BACKEND_NAME = "llama.cpp"
+BACKEND_NAME = LLAMA_CPP
 
 # GGUF keys where a model may state its own sampling defaults, and the
 # SamplingDefaults fields they fill.
