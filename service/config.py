@@ -163,6 +163,12 @@ class ServerSettings(BaseModel):
         default=None,
         description="Serve Prometheus metrics over HTTP on HOST:PORT at /metrics (off when unset).",
     )
+    http_listen: str | None = Field(
+        default=None,
+        description="Serve the OpenAI-compatible HTTP API (/v1/chat/completions, "
+        "/v1/completions, /v1/models) on HOST:PORT, with the gRPC port's token and TLS "
+        "(off when unset).",
+    )
     grace_period: float = Field(
         default=10.0,
         ge=0,
@@ -509,7 +515,7 @@ class Settings(
             self.models = {**from_file, **self.models}
         return self
 
-    @field_validator("listen", "health_listen")
+    @field_validator("listen", "health_listen", "http_listen")
     @classmethod
     def _check_listen(cls, value: str | None) -> str | None:
         if value is None:

@@ -39,6 +39,7 @@ from service.models.engine_starter import engine_starter
 from service.models.pool import ModelPool, PoolLimits
 from service.models.sources import SourceResolver
 from service.offload import Offload
+from service.openai_api.app import OpenAiHttp, below_grpc
 from service.overload import ConcurrencyGate
 from service.registration import add_inference_service
 from service.servicer import InferenceServicer
@@ -47,7 +48,7 @@ from service.serving.images import ImageGenerator
 from service.serving.pulls import Pulls
 from service.serving.text import TextGenerator
 from service.text.requests import GenerationLimits
-from service.transport import server_credentials, server_options
+from service.transport import http_tls, server_credentials, server_options
 
 log = structlog.get_logger("server")
 SERVING = health_pb2.HealthCheckResponse.SERVING
@@ -162,6 +163,16 @@ class InferenceServer:
             send_stall_seconds=settings.send_stall_seconds,
         )
         add_inference_service(servicer, self._server)
+        self.http: OpenAiHttp | None = None
+        if settings.http_listen:
+            generate, list_models = below_grpc(servicer)
+            self.http = OpenAiHttp(
+                generate,
+                list_models,
+                auth=servicer.auth,
+                metrics=self.metrics,
+                max_body_bytes=int(settings.max_receive_message_bytes),
+            )
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self._server)
         reflection.enable_server_reflection(SERVICE_NAMES, self._server)
 
@@ -181,6 +192,12 @@ class InferenceServer:
         if self.settings.metrics_listen:
             self.metrics_port = self.metrics.serve(self.settings.metrics_listen)
             log.info("metrics", address=self.settings.metrics_listen, port=self.metrics_port)
+        if self.http is not None and self.settings.http_listen:
+            host, _, port_text = self.settings.http_listen.rpartition(":")
+            http_port = await self.http.start(
+                host.strip("[]"), int(port_text), http_tls(self.settings)
+            )
+            log.info("http", address=self.settings.http_listen, port=http_port)
         self.pool.start_housekeeping()
         self._warm_task = asyncio.create_task(self._warm_default_model())
         return port
@@ -197,6 +214,8 @@ class InferenceServer:
         if self._warm_task is not None:
             self._warm_task.cancel()
         await self._server.stop(self.settings.grace_period if grace is None else grace)
+        if self.http is not None:
+            await self.http.stop()
         if self._health_server is not None:
             await self._health_server.stop(0)
         self.metrics.stop()

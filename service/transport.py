@@ -1,7 +1,9 @@
-"""How the gRPC port is served: channel options (keepalive, message sizes) and TLS."""
+"""How the gRPC port is served: channel options (keepalive, message sizes) and TLS
+(which the OpenAI-compatible HTTP port shares)."""
 
 from __future__ import annotations
 
+import ssl
 from pathlib import Path
 
 import grpc
@@ -43,3 +45,15 @@ def _read(path: Path) -> bytes:
         return path.read_bytes()
     except OSError as exc:
         raise SystemExit(f"cannot read {path}: {exc.strerror}") from exc
+
+
+def http_tls(settings: Settings) -> ssl.SSLContext | None:
+    """The same certificate (and client CA, for mTLS) for the HTTP port; None without."""
+    if settings.tls_cert is None or settings.tls_key is None:
+        return None
+    context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    context.load_cert_chain(settings.tls_cert, settings.tls_key)
+    if settings.tls_client_ca is not None:
+        context.load_verify_locations(settings.tls_client_ca)
+        context.verify_mode = ssl.CERT_REQUIRED
+    return context

@@ -1,0 +1,248 @@
+"""OpenAI-compatible HTTP, served beside the gRPC port by the same process.
+
+    POST /v1/chat/completions   POST /v1/completions   GET /v1/models
+
+Each request becomes the contract's GenerateRequest (service.openai_api.requests)
+and runs through the servicer's own Generate, below its gRPC wrapper: the same
+validation, overload gate, model pool, pulls and generation metrics. This module
+does for HTTP what `service.rpc` does for gRPC: the request id (`x-request-id`,
+taken or made, sent back as a header and bound into the log lines), the bearer
+token, one summary log line and the RPC metrics per request, and errors as
+OpenAI's JSON error with the matching HTTP status. A client that disconnects
+cancels its handler (aiohttp's handler cancellation), and with it the generation.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import ssl
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import TYPE_CHECKING, Any
+
+import grpc
+import structlog
+from aiohttp import web
+
+from inference.v1 import inference_pb2 as pb
+from service.errors import InvalidRequest, ServiceError
+from service.openai_api.errors import described, error_body, http_status
+from service.openai_api.requests import (
+    Body,
+    Translate,
+    chat_request,
+    completion_request,
+    wants_usage_in_stream,
+)
+from service.openai_api.responses import Reply
+from service.request_id import METADATA_KEY, request_id_from
+
+if TYPE_CHECKING:
+    from service.auth import BearerAuth
+    from service.metrics import Metrics
+
+log = structlog.get_logger("http")
+
+Summary = dict[str, Any]
+GenerateEvents = Callable[[pb.GenerateRequest, Summary], AsyncIterator[pb.GenerateResponse]]
+ListModels = Callable[[pb.ListModelsRequest, Summary], Awaitable[pb.ListModelsResponse]]
+
+
+def below_grpc(servicer: Any) -> tuple[GenerateEvents, ListModels]:
+    """The servicer's Generate and ListModels without their gRPC wrapper
+    (`service.rpc` wraps them with functools.wraps; this module wraps them for HTTP)."""
+    kind = type(servicer)
+    generate = functools.partial(kind.Generate.__wrapped__, servicer)
+    list_models = functools.partial(kind.ListModels.__wrapped__, servicer)
+    return generate, list_models
+
+
+class OpenAiHttp:
+    def __init__(
+        self,
+        generate: GenerateEvents,
+        list_models: ListModels,
+        *,
+        auth: BearerAuth | None,
+        metrics: Metrics | None,
+        max_body_bytes: int,
+    ) -> None:
+        self._generate = generate
+        self._list_models = list_models
+        self._auth = auth
+        self._metrics = metrics
+        self._app = web.Application(client_max_size=max_body_bytes)
+        self._app.add_routes(
+            [
+                web.post("/v1/chat/completions", functools.partial(self._complete, chat=True)),
+                web.post("/v1/completions", functools.partial(self._complete, chat=False)),
+                web.get("/v1/models", self._models),
+            ]
+        )
+        self._runner: web.AppRunner | None = None
+        self.port: int | None = None
+
+    async def start(self, host: str, port: int, tls: ssl.SSLContext | None = None) -> int:
+        """Listen on host:port (0: any free port); the port bound."""
+        # A handler is cancelled when its client disconnects: the generation stops.
+        self._runner = web.AppRunner(self._app, handler_cancellation=True, access_log=None)
+        await self._runner.setup()
+        site = web.TCPSite(self._runner, host, port, ssl_context=tls)
+        await site.start()
+        self.port = int(self._runner.addresses[0][1])
+        return self.port
+
+    async def stop(self, grace_seconds: float = 0.0) -> None:
+        if self._runner is not None:
+            await self._runner.shutdown()
+            await self._runner.cleanup()
+
+    # --- handlers ---------------------------------------------------------------------
+
+    async def _complete(self, request: web.Request, chat: bool) -> web.StreamResponse:
+        translate: Translate = chat_request if chat else completion_request
+
+        async def work(outcome: _Outcome) -> web.StreamResponse:
+            body = await _json_body(request)
+            generation = translate(body)
+            reply = Reply(
+                chat=chat, request_id=outcome.request_id, hold_text=bool(generation.tools)
+            )
+            events = self._generate(generation, outcome.summary)
+            if body.get("stream"):
+                return await outcome.stream(reply, events, wants_usage_in_stream(body))
+            async for event in events:
+                reply.take(event)
+            return outcome.json(reply.whole())
+
+        name = "ChatCompletions" if chat else "Completions"
+        return await _Outcome(name, request, self._auth, self._metrics).answer(work)
+
+    async def _models(self, request: web.Request) -> web.StreamResponse:
+        async def work(outcome: _Outcome) -> web.StreamResponse:
+            listed = await self._list_models(pb.ListModelsRequest(), outcome.summary)
+            models = [
+                {"id": m.name, "object": "model", "created": 0, "owned_by": m.backend or "local"}
+                for m in listed.models
+            ]
+            return outcome.json({"object": "list", "data": models})
+
+        return await _Outcome("Models", request, self._auth, self._metrics).answer(work)
+
+
+async def _json_body(request: web.Request) -> Body:
+    try:
+        body = await request.json()
+    except web.HTTPRequestEntityTooLarge as exc:
+        raise BodyTooLarge(exc.text or "the request body is too large") from exc
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise InvalidRequest(f"the request body is not JSON: {exc}") from exc
+    if not isinstance(body, dict):
+        raise InvalidRequest("the request body must be a JSON object")
+    return body
+
+
+class BodyTooLarge(InvalidRequest):
+    """Answered with 413, as OpenAI's API does; INVALID_ARGUMENT in the metrics."""
+
+
+class _Outcome:
+    """One HTTP request's id, bearer token, summary line and metrics, and the
+    answer to an error: OpenAI's error JSON, or an error event once a stream began."""
+
+    def __init__(
+        self, method: str, request: web.Request, auth: BearerAuth | None, metrics: Metrics | None
+    ) -> None:
+        self.method = method
+        self.summary: Summary = {}
+        self.request_id = request_id_from([(METADATA_KEY, request.headers.get(METADATA_KEY, ""))])
+        self._request = request
+        self._auth = auth
+        self._metrics = metrics
+        self._started = time.monotonic()
+        self._stream: web.StreamResponse | None = None
+
+    async def answer(
+        self, work: Callable[[_Outcome], Awaitable[web.StreamResponse]]
+    ) -> web.StreamResponse:
+        structlog.contextvars.clear_contextvars()  # this request's task has a context of its own
+        structlog.contextvars.bind_contextvars(request_id=self.request_id)
+        if self._metrics is not None:
+            self._metrics.rpc_started(self.method)
+        try:
+            if self._auth is not None:
+                self._auth.check(
+                    [("authorization", self._request.headers.get("Authorization", ""))]
+                )
+            response = await work(self)
+        except Exception as exc:
+            return await self._failed(exc)
+        except BaseException:  # cancelled: the client went away, and the generation with it
+            self.summary["error"] = "the client disconnected"
+            self._finish(grpc.StatusCode.CANCELLED)
+            raise
+        self._finish(grpc.StatusCode.OK)
+        return response
+
+    async def _failed(self, exc: Exception) -> web.StreamResponse:
+        code, message = described(exc)
+        if not isinstance(exc, ServiceError):
+            log.error("unhandled error", rpc=self.method, exc_info=exc)
+        self.summary["error"] = message
+        self._finish(code)
+        body = error_body(message, code)
+        if self._stream is not None:  # the stream began: the error is its last event
+            await _send_event(self._stream, body)
+            await self._stream.write_eof()
+            return self._stream
+        status = 413 if isinstance(exc, BodyTooLarge) else http_status(code)
+        return web.json_response(body, status=status, headers={METADATA_KEY: self.request_id})
+
+    def json(self, body: dict[str, Any]) -> web.Response:
+        return web.json_response(body, headers={METADATA_KEY: self.request_id})
+
+    async def stream(
+        self, reply: Reply, events: AsyncIterator[pb.GenerateResponse], with_usage: bool
+    ) -> web.StreamResponse:
+        """Server-sent events: one `data:` line per chunk, then `data: [DONE]`. The
+        response begins with the first chunk, so a refusal before it is a plain error."""
+        async for event in events:
+            for chunk in reply.chunks(event):
+                await _send_event(await self._begun(), chunk)
+        stream = await self._begun()
+        if with_usage:
+            await _send_event(stream, reply.usage_chunk())
+        await stream.write(b"data: [DONE]\n\n")
+        await stream.write_eof()
+        return stream
+
+    async def _begun(self) -> web.StreamResponse:
+        if self._stream is None:
+            stream = web.StreamResponse(
+                headers={
+                    "Content-Type": "text/event-stream",
+                    "Cache-Control": "no-cache",
+                    METADATA_KEY: self.request_id,
+                }
+            )
+            await stream.prepare(self._request)
+            self._stream = stream
+        return self._stream
+
+    def _finish(self, code: grpc.StatusCode) -> None:
+        seconds = time.monotonic() - self._started
+        if self._metrics is not None:
+            model = str(self.summary.get("model", ""))
+            self._metrics.rpc_finished(self.method, model, code.name, seconds)
+        log.info(
+            "rpc",
+            rpc=self.method,
+            code=code.name,
+            duration_ms=round(seconds * 1000, 1),
+            **self.summary,
+        )
+
+
+async def _send_event(stream: web.StreamResponse, chunk: dict[str, Any]) -> None:
+    await stream.write(b"data: " + json.dumps(chunk, separators=(",", ":")).encode() + b"\n\n")

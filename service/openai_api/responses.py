@@ -1,0 +1,180 @@
+"""The contract's GenerateResponse stream as OpenAI's response objects.
+
+`Reply` follows one generation's events and writes either the chunks of a
+streamed answer (`chunks`) or, at the end, the whole answer (`whole`), for
+chat completions or text completions alike.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from inference.v1 import inference_pb2 as pb
+
+Json = dict[str, Any]
+
+FINISH_REASONS = {
+    pb.FINISH_REASON_END_OF_TURN: "stop",
+    pb.FINISH_REASON_STOP_SEQUENCE: "stop",
+    pb.FINISH_REASON_LENGTH: "length",
+    pb.FINISH_REASON_TIME_LIMIT: "length",  # cut short by the server's clock
+    pb.FINISH_REASON_TOOL_CALL: "tool_calls",
+}
+
+
+@dataclass
+class Reply:
+    """One generation, as `chat.completion` or `text_completion` objects."""
+
+    chat: bool
+    request_id: str
+    # With tools, the text is sent whole at the end: streamed, it would carry the
+    # model's call blocks, which only the finished parse takes out.
+    hold_text: bool = False
+    model: str = ""
+    created: int = field(default_factory=lambda: int(time.time()))
+    text: list[str] = field(default_factory=list)
+    logprobs: list[pb.TokenLogprob] = field(default_factory=list)
+    finished: pb.GenerationFinished | None = None
+
+    @property
+    def id(self) -> str:
+        return ("chatcmpl-" if self.chat else "cmpl-") + self.request_id
+
+    def chunks(self, response: pb.GenerateResponse) -> list[Json]:
+        """What one event adds to a streamed answer (maybe nothing)."""
+        kind = response.WhichOneof("event")
+        if kind == "started":
+            self.model = response.started.model
+            return [self._chunk({"role": "assistant", "content": ""})] if self.chat else []
+        if kind == "delta":
+            self.take(response)
+            if self.hold_text or (not response.delta.text and not response.delta.logprobs):
+                return []
+            return [self._chunk(self._delta(response.delta.text), response.delta.logprobs)]
+        if kind == "finished":
+            self.take(response)
+            return self._closing_chunks()
+        return []  # pull progress has no OpenAI shape
+
+    def take(self, response: pb.GenerateResponse) -> None:
+        """Keep what the whole answer needs from one event."""
+        kind = response.WhichOneof("event")
+        if kind == "started":
+            self.model = response.started.model
+        elif kind == "delta":
+            self.text.append(response.delta.text)
+            self.logprobs.extend(response.delta.logprobs)
+        elif kind == "finished":
+            self.finished = response.finished
+
+    def usage_chunk(self) -> Json:
+        return {**self._envelope(), "choices": [], "usage": self.usage()}
+
+    def whole(self) -> Json:
+        finished = self._finished()
+        choice: Json = {
+            "index": 0,
+            "finish_reason": FINISH_REASONS.get(finished.finish_reason, "stop"),
+        }
+        choice["logprobs"] = self._logprobs(self.logprobs) if self.logprobs else None
+        if self.chat:
+            choice["message"] = {"role": "assistant", **self._message_parts(finished)}
+        else:
+            choice["text"] = "".join(self.text)
+        return {**self._envelope(), "choices": [choice], "usage": self.usage()}
+
+    def usage(self) -> Json:
+        usage = self._finished().usage
+        return {
+            "prompt_tokens": usage.prompt_tokens,
+            "completion_tokens": usage.completion_tokens,
+            "total_tokens": usage.prompt_tokens + usage.completion_tokens,
+            "prompt_tokens_details": {"cached_tokens": usage.cached_prompt_tokens},
+        }
+
+    def _closing_chunks(self) -> list[Json]:
+        finished = self._finished()
+        chunks = []
+        if self.chat and self.hold_text:
+            parts = self._message_parts(finished)
+            if parts["content"] or "tool_calls" in parts:
+                calls = [{**call, "index": i} for i, call in enumerate(parts.get("tool_calls", []))]
+                delta: Json = {"content": parts["content"]}
+                if calls:
+                    delta["tool_calls"] = calls
+                chunks.append(self._chunk(delta))
+        reason = FINISH_REASONS.get(finished.finish_reason, "stop")
+        chunks.append(self._chunk({} if self.chat else "", finish_reason=reason))
+        return chunks
+
+    def _message_parts(self, finished: pb.GenerationFinished) -> Json:
+        if not finished.tool_calls:
+            return {"content": "".join(self.text)}
+        calls = [
+            {
+                "id": c.id,
+                "type": "function",
+                "function": {"name": c.name, "arguments": c.arguments_json},
+            }
+            for c in finished.tool_calls
+        ]
+        return {"content": finished.content or None, "tool_calls": calls}
+
+    def _delta(self, text: str) -> Json | str:
+        return {"content": text} if self.chat else text
+
+    def _chunk(
+        self,
+        delta: Json | str,
+        logprobs: Any = (),
+        finish_reason: str | None = None,
+    ) -> Json:
+        choice: Json = {"index": 0, "finish_reason": finish_reason}
+        if self.chat:
+            choice["delta"] = delta
+        else:
+            choice["text"] = delta
+        choice["logprobs"] = self._logprobs(list(logprobs)) if logprobs else None
+        return {**self._envelope(chunk=True), "choices": [choice]}
+
+    def _envelope(self, chunk: bool = False) -> Json:
+        kind = "chat.completion" if self.chat else "text_completion"
+        if chunk and self.chat:
+            kind += ".chunk"
+        return {"id": self.id, "object": kind, "created": self.created, "model": self.model}
+
+    def _logprobs(self, entries: list[pb.TokenLogprob]) -> Json:
+        if self.chat:
+            return {"content": [_chat_logprob(entry) for entry in entries]}
+        return {
+            "tokens": [_text(entry.token) for entry in entries],
+            "token_logprobs": [entry.logprob for entry in entries],
+            "top_logprobs": [
+                {_text(top.token): top.logprob for top in entry.top_logprobs} for entry in entries
+            ],
+        }
+
+    def _finished(self) -> pb.GenerationFinished:
+        if self.finished is None:
+            raise RuntimeError("the generation ended without its finished event")
+        return self.finished
+
+
+def _chat_logprob(entry: pb.TokenLogprob) -> Json:
+    return {
+        "token": _text(entry.token),
+        "logprob": entry.logprob,
+        "bytes": list(entry.token),
+        "top_logprobs": [
+            {"token": _text(top.token), "logprob": top.logprob, "bytes": list(top.token)}
+            for top in entry.top_logprobs
+        ],
+    }
+
+
+def _text(token: bytes) -> str:
+    """A token's text; one holding part of a UTF-8 character shows as escapes."""
+    return token.decode("utf-8", errors="backslashreplace")
