@@ -17,35 +17,18 @@ import threading
 import weakref
 from collections.abc import AsyncIterator, Callable
 from concurrent.futures import Future
-from typing import Any, Generic, Protocol, TypeVar
+from typing import Any, Generic, TypeVar
 
 import structlog
 
 from service.errors import Unavailable
 
 T = TypeVar("T")
-T_contra = TypeVar("T_contra", contravariant=True)
 
 log = structlog.get_logger("worker")
 
 _END = object()
 _STOP = object()
-
-
-class EventSink(Protocol[T_contra]):
-    """Where one request's results go from the worker thread: a `Channel` to a
-    coroutine of this process, or a frame to the front (see service.engine).
-
-    `cancelled` is set once nobody listens any more; the producer checks it
-    and stops early. After `close` nothing more is sent.
-    """
-
-    @property
-    def cancelled(self) -> threading.Event: ...
-
-    def send(self, item: T_contra) -> None: ...
-
-    def close(self, error: BaseException | None = None) -> None: ...
 
 
 class _Relay:

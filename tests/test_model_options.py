@@ -6,6 +6,7 @@ from dataclasses import fields
 
 from service.backends.llama_cpp import LlamaCppOptions
 from service.config import ModelConfig, ModelOptionSettings, Settings
+from service.engine.loading import llama_cpp_options
 from service.model_options import ModelOptions
 
 
@@ -36,7 +37,7 @@ def test_llama_cpp_takes_its_options_from_the_model_and_keeps_its_own_knobs() ->
         context_size=512, threads=2, gpu_layers=3, main_gpu=1, flash_attention="on",
         parallel_sequences=6, cached_sequences=1, kv_layout="per-sequence", stream_interval=9,
     )  # fmt: skip
-    assert LlamaCppOptions.for_model(model) == LlamaCppOptions(
+    assert llama_cpp_options(model) == LlamaCppOptions(
         context_size=512, threads=2, gpu_layers=3, main_gpu=1, flash_attention="on",
         kv_layout="per-sequence", max_sequences=6, cached_sequences=1,
     )  # fmt: skip

@@ -52,8 +52,8 @@ from service.backends.base import (
 from service.backends.failure import RELOADING, library_failure
 from service.decode.chunking import StreamChunker
 from service.decode.sequence import DecodeEvent, DecodePlan, SequenceDecoder
+from service.decode.sink import EventSink
 from service.errors import NotSupported, Overloaded, ServiceError, Unavailable
-from service.worker import EventSink
 
 log = structlog.get_logger("scheduler")
 

@@ -30,6 +30,7 @@ from service.backends.names import DIFFUSERS
 from service.chat_template import render_chat
 from service.decode.scheduler import DecodeScheduler, nothing_to_publish
 from service.decode.sequence import DecodeEvent, DecodePlan, fit_max_tokens
+from service.decode.sink import EventSink
 from service.engine.base import EngineInfo
 from service.engine.options import EngineOptions
 from service.errors import NotSupported, ServiceError, Unavailable
@@ -40,7 +41,7 @@ from service.text.plain_content import prompt_ids
 from service.text.requests import ChatMessage, Finished, GenerationRequest, Started, Tool
 from service.tools.base import ToolCallParser
 from service.tools.conventions import parser_for_template, with_tool_calls
-from service.worker import EventSink, ModelWorker
+from service.worker import ModelWorker
 
 TextSink = EventSink[pb.GenerateResponse]
 ImageSink = EventSink[ImageStep | RenderedImage]

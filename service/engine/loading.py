@@ -2,11 +2,18 @@
 
 from __future__ import annotations
 
+from dataclasses import fields
+from typing import TYPE_CHECKING
+
 from service.backends.base import TextBackend
 from service.backends.names import DIFFUSERS, LLAMA_CPP, MLX_LM
 from service.engine.options import EngineOptions
 from service.errors import NotSupported
 from service.images.backend import ImageBackend
+from service.model_options import ModelOptions
+
+if TYPE_CHECKING:
+    from service.backends.llama_cpp import LlamaCppOptions
 
 
 def load_backend(options: EngineOptions) -> TextBackend | ImageBackend:
@@ -16,9 +23,9 @@ def load_backend(options: EngineOptions) -> TextBackend | ImageBackend:
     without paying for libraries it may never need (torch takes seconds).
     """
     if options.backend == LLAMA_CPP:
-        from service.backends.llama_cpp import LlamaCppBackend, LlamaCppOptions
+        from service.backends.llama_cpp import LlamaCppBackend
 
-        return LlamaCppBackend(options.path, LlamaCppOptions.for_model(options.model))
+        return LlamaCppBackend(options.path, llama_cpp_options(options.model))
     if options.backend == MLX_LM:
         from service.backends.mlx_lm import MlxLmBackend, MlxLmOptions
 
@@ -29,4 +36,19 @@ def load_backend(options: EngineOptions) -> TextBackend | ImageBackend:
         return DiffusersBackend(options.path, DiffusersOptions(threads=options.model.threads))
     raise NotSupported(
         f"model {options.name!r}: no backend named {options.backend!r} in this build"
+    )
+
+
+def llama_cpp_options(model: ModelOptions) -> LlamaCppOptions:
+    """A model's options for llama.cpp (`max_sequences` is its parallel_sequences; the
+    batch and prefill knobs keep their defaults). Here rather than in the backend, so
+    that the backends need nothing of the model options above them."""
+    from service.backends.llama_cpp import LlamaCppOptions
+
+    shared = {field.name for field in fields(LlamaCppOptions)} & {
+        field.name for field in fields(model)
+    }
+    return LlamaCppOptions(
+        max_sequences=model.parallel_sequences,
+        **{name: getattr(model, name) for name in shared},
     )

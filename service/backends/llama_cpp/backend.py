@@ -22,7 +22,7 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, fields, replace
+from dataclasses import dataclass, replace
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -46,7 +46,6 @@ from service.backends.row_threads import RowThreads
 from service.backends.step_plan import Seat, plan_step
 from service.errors import BackendFailure
 from service.memory import cells_per_sequence
-from service.model_options import ModelOptions
 from service.text.plain_content import ControlTexts
 from service.text.requests import SamplingDefaults
 
@@ -89,16 +88,6 @@ class LlamaCppOptions:
     # that a long newcomer prompt does not stall their streams. None: chosen by
     # where the model computes (see `prefill_chunk_for`).
     prefill_chunk: int | None = None
-
-    @classmethod
-    def for_model(cls, model: ModelOptions) -> LlamaCppOptions:
-        """A model's options (`max_sequences` is its parallel_sequences; the batch and
-        prefill knobs keep their defaults)."""
-        shared = {field.name for field in fields(cls)} & {field.name for field in fields(model)}
-        return cls(
-            max_sequences=model.parallel_sequences,
-            **{name: getattr(model, name) for name in shared},
-        )
 
 
 # On a CPU a step's time grows with every token in it: 128 prompt tokens add a few
