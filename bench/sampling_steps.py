@@ -27,7 +27,7 @@ from bench.generate import short_prompt
 from service.backends.base import ActiveSequence
 from service.backends.llama_cpp import LlamaCppBackend, LlamaCppOptions
 from service.config import available_cores
-from service.decode.grammar import resolve_grammar
+from service.grammar.compile import resolve_grammar
 from service.text.requests import Grammar, SamplingParams
 
 SAMPLED = SamplingParams(

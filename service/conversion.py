@@ -1,7 +1,7 @@
 """Requests as they arrive: a Generate request's protobuf to the validated request.
 
 Apart from `GenerationRequest.from_pb` because compiling a grammar or JSON
-schema needs llama.cpp and the grammar checks (`service.decode.grammar`), which
+schema needs llama.cpp and the grammar checks (`service.grammar.compile`), which
 the request types must not depend on. The servicer runs this off the event
 loop; an engine process gets the compiled grammar with the request.
 """
@@ -25,6 +25,6 @@ def _grammar(msg: pb.GenerateRequest) -> Grammar | None:
     if grammar is None and not json_schema:
         return None
     # Imported only when needed: it loads llama.cpp, which start-up must not pay for.
-    from service.decode.grammar import resolve_grammar
+    from service.grammar.compile import resolve_grammar
 
     return resolve_grammar(grammar, json_schema)

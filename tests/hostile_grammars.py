@@ -22,7 +22,7 @@ import string
 from dataclasses import dataclass
 from typing import Any
 
-from service.decode.grammar_limits import GRAMMAR_LIMITS, SCHEMA_LIMITS
+from service.grammar.grammar_limits import GRAMMAR_LIMITS, SCHEMA_LIMITS
 
 
 @dataclass(frozen=True)
@@ -448,8 +448,8 @@ def main(argv: list[str] | None = None) -> None:
 
 
 def _outcome(case: HostileCase, start_sequence: Any) -> str:
-    from service.decode.grammar import resolve_grammar
     from service.errors import InvalidRequest
+    from service.grammar.compile import resolve_grammar
 
     try:
         gbnf = resolve_grammar(case.grammar, case.json_schema)

@@ -6,8 +6,8 @@ import json
 
 import pytest
 
-from service.decode.grammar import check_grammar, grammar_from_json_schema, resolve_grammar
 from service.errors import InvalidRequest
+from service.grammar.compile import check_grammar, grammar_from_json_schema, resolve_grammar
 from service.text.requests import Grammar
 
 PERSON = {

@@ -14,7 +14,7 @@ import pytest
 from service.backends.base import SequenceRequest
 from service.backends.llama_cpp import sampling
 from service.backends.llama_cpp.backend import LlamaCppBackend, LlamaCppOptions
-from service.decode.grammar import resolve_grammar
+from service.grammar.compile import resolve_grammar
 from service.models.embedded import EMBEDDED_MODELS
 from service.text.requests import Grammar, SamplingParams
 from tests.conftest import SMOLLM

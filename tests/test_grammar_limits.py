@@ -18,16 +18,16 @@ from llama_cpp import llama_grammar
 from inference.v1 import inference_pb2 as pb
 from inference.v1 import inference_pb2_grpc as pb_grpc
 from service.backends.llama_cpp.log import captured_parser_output
-from service.decode import grammar as grammar_module
-from service.decode.grammar import (
+from service.errors import InvalidRequest
+from service.grammar import compile as compile_module
+from service.grammar.compile import (
     MAX_GRAMMAR_CHARS,
     check_grammar,
     check_grammar_limits,
     grammar_from_json_schema,
     resolve_grammar,
 )
-from service.decode.grammar_limits import GRAMMAR_LIMITS, GrammarLimits, SchemaLimits
-from service.errors import InvalidRequest
+from service.grammar.grammar_limits import GRAMMAR_LIMITS, GrammarLimits, SchemaLimits
 from service.models.embedded import EMBEDDED_MODELS
 from tests.conftest import SMOLLM, collect, text_of
 from tests.hostile_grammars import random_grammar
@@ -72,7 +72,7 @@ def test_the_issues_schema_is_refused_before_the_converter_runs(
     def converter_called(*args: object) -> None:
         raise AssertionError("the converter was reached")
 
-    monkeypatch.setattr(grammar_module, "schema_to_gbnf", converter_called)
+    monkeypatch.setattr(compile_module, "schema_to_gbnf", converter_called)
     message = "'{0,100000}' in the pattern at '/' exceeds this server's limit of 1000 repetitions"
     with pytest.raises(InvalidRequest, match=message):
         resolve_grammar(None, ISSUE_SCHEMA)

@@ -292,7 +292,7 @@ def _grammar(vocab: llama_cpp.llama_vocab_p, grammar: str) -> llama_cpp.llama_sa
     with captured_parser_output():
         sampler = llama_cpp.llama_sampler_init_grammar(vocab, grammar.encode("utf-8"), b"root")
     if not sampler:
-        # The text parsed before the request was queued (service.decode.grammar), so
+        # The text parsed before the request was queued (service.grammar.compile), so
         # what fails here is a token reference (<think>, <[1234]>) this vocabulary lacks.
         raise InvalidRequest(
             "the grammar refers to tokens this model's vocabulary does not have; "

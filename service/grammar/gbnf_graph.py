@@ -20,9 +20,9 @@ from __future__ import annotations
 from collections import deque
 from typing import NoReturn
 
-from service.decode.gbnf_scan import ParsedGrammar
-from service.decode.grammar_limits import GrammarLimits, limit_exceeded
 from service.errors import InvalidRequest, excerpt
+from service.grammar.gbnf_scan import ParsedGrammar
+from service.grammar.grammar_limits import GrammarLimits, limit_exceeded
 
 Alternative = list[int]
 

@@ -29,8 +29,8 @@ from typing import Any
 
 from llama_cpp.llama_grammar import INVALID_RULE_CHARS_RE, SchemaConverter
 
-from service.decode.grammar_limits import SchemaLimits, limit_exceeded
-from service.decode.schema_limits import WHAT
+from service.grammar.grammar_limits import SchemaLimits, limit_exceeded
+from service.grammar.schema_limits import WHAT
 
 
 def schema_to_gbnf(schema: dict[str, Any], limits: SchemaLimits) -> str:

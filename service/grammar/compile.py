@@ -28,18 +28,18 @@ from service.backends.llama_cpp.log import (
     captured_native_log,
     captured_parser_output,
 )
-from service.decode.gbnf_graph import check_rule_graph
-from service.decode.gbnf_scan import parse_gbnf
-from service.decode.grammar_limits import (
+from service.errors import InvalidRequest, excerpt
+from service.grammar.gbnf_graph import check_rule_graph
+from service.grammar.gbnf_scan import parse_gbnf
+from service.grammar.grammar_limits import (
     GRAMMAR_LIMITS,
     SCHEMA_LIMITS,
     GrammarLimits,
     SchemaLimits,
     limit_exceeded,
 )
-from service.decode.schema_converter import schema_to_gbnf
-from service.decode.schema_limits import WHAT, check_json_depth, check_schema
-from service.errors import InvalidRequest, excerpt
+from service.grammar.schema_converter import schema_to_gbnf
+from service.grammar.schema_limits import WHAT, check_json_depth, check_schema
 from service.text.requests import Grammar
 
 MAX_GRAMMAR_CHARS = 64 * 1024

@@ -16,8 +16,8 @@ import re
 from collections.abc import Iterator
 from typing import Any
 
-from service.decode.grammar_limits import SchemaLimits, limit_exceeded
 from service.errors import InvalidRequest, excerpt
+from service.grammar.grammar_limits import SchemaLimits, limit_exceeded
 
 WHAT = "`response_format.json_schema`"
 

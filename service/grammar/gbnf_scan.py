@@ -20,8 +20,8 @@ import re
 from dataclasses import dataclass, field
 from typing import NoReturn
 
-from service.decode.grammar_limits import GrammarLimits, limit_exceeded
 from service.errors import InvalidRequest, excerpt
+from service.grammar.grammar_limits import GrammarLimits, limit_exceeded
 
 # llama.cpp's ceiling on a `{m,n}` count (MAX_REPETITION_THRESHOLD): it refuses a
 # larger minimum, treats a larger maximum as unbounded, and refuses when the rules
