@@ -22,9 +22,9 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from inference.v1 import inference_pb2 as pb
 from inference.v1 import inference_pb2_grpc as pb_grpc
 from service.engine.base import EngineCrashed, EngineHooks
+from service.engine.model_options import ModelOptions
 from service.engine.options import EngineOptions
 from service.engine.process import EngineProcess
-from service.model_options import ModelOptions
 from service.models.embedded import EMBEDDED_MODELS
 from tests import gguf_mutations as gm
 from tests.conftest import (

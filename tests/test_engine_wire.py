@@ -15,9 +15,9 @@ from service import errors
 from service.conversion import generation_request
 from service.engine import wire
 from service.engine.framing import BlockingLink, FrameError, encode, read_message
+from service.engine.model_options import ModelOptions
 from service.engine.options import EngineOptions
 from service.images.requests import ImageLimits, ImageRequest
-from service.model_options import ModelOptions
 
 ERRORS = [
     errors.InvalidRequest,

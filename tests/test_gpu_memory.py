@@ -15,8 +15,8 @@ import pytest
 
 from service.admission import Capability, Decision, decide, gates
 from service.admission.describe import describe_gguf
+from service.engine.model_options import ModelOptions
 from service.memory import MemoryNeed, offloaded_share
-from service.model_options import ModelOptions
 from service.model_source import ModelSource
 from service.models.admit_report import AdmissionReport
 from service.models.catalog import ModelSpec

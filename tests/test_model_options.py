@@ -7,7 +7,7 @@ from dataclasses import fields
 from service.backends.llama_cpp import LlamaCppOptions
 from service.config import ModelConfig, ModelOptionSettings, Settings
 from service.engine.loading import llama_cpp_options
-from service.model_options import ModelOptions
+from service.engine.model_options import ModelOptions
 
 
 def test_each_option_is_the_setting_of_its_name() -> None:

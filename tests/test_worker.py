@@ -8,7 +8,7 @@ from collections.abc import Callable
 
 import pytest
 
-from service.worker import Channel, ModelWorker
+from service.engine.worker import Channel, ModelWorker
 
 
 async def drain(channel: Channel[int], into: list[int]) -> None:

@@ -33,6 +33,7 @@ from service.decode.sequence import DecodeEvent, DecodePlan, fit_max_tokens
 from service.decode.sink import EventSink
 from service.engine.base import EngineInfo
 from service.engine.options import EngineOptions
+from service.engine.worker import ModelWorker
 from service.errors import NotSupported, ServiceError, Unavailable
 from service.images.backend import GenerationCancelled, ImageBackend
 from service.images.requests import ImageRequest, ImageStep, RenderedImage
@@ -41,7 +42,6 @@ from service.text.plain_content import prompt_ids
 from service.text.requests import ChatMessage, Finished, GenerationRequest, Started, Tool
 from service.tools.base import ToolCallParser
 from service.tools.conventions import parser_for_template, with_tool_calls
-from service.worker import ModelWorker
 
 TextSink = EventSink[pb.GenerateResponse]
 ImageSink = EventSink[ImageStep | RenderedImage]

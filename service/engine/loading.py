@@ -7,10 +7,10 @@ from typing import TYPE_CHECKING
 
 from service.backends.base import TextBackend
 from service.backends.names import DIFFUSERS, LLAMA_CPP, MLX_LM
+from service.engine.model_options import ModelOptions
 from service.engine.options import EngineOptions
 from service.errors import NotSupported
 from service.images.backend import ImageBackend
-from service.model_options import ModelOptions
 
 if TYPE_CHECKING:
     from service.backends.llama_cpp import LlamaCppOptions

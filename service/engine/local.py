@@ -12,9 +12,9 @@ from service.engine.base import EngineHooks, EngineInfo, MeasuredMemory
 from service.engine.core import EngineCore
 from service.engine.loading import load_backend
 from service.engine.options import EngineOptions
+from service.engine.worker import Channel, ModelWorker
 from service.images.requests import ImageRequest, ImageStep, RenderedImage
 from service.text.requests import GenerationRequest
-from service.worker import Channel, ModelWorker
 
 
 class LocalEngine:

@@ -8,7 +8,7 @@ from typing import Any, get_args
 
 from inference.engine.v1 import engine_pb2 as epb
 from service.backends.names import FlashAttention, KvLayout
-from service.model_options import ModelOptions
+from service.engine.model_options import ModelOptions
 
 # Load carries each ModelOptions field under the same name.
 _MODEL_FIELDS = tuple(field.name for field in fields(ModelOptions))

@@ -33,10 +33,10 @@ from service.engine.core import EngineCore
 from service.engine.framing import BlockingLink
 from service.engine.loading import load_backend
 from service.engine.options import EngineOptions
+from service.engine.worker import ModelWorker
 from service.images.requests import ImageStep, RenderedImage
 from service.log import configure
 from service.request_id import bound_request_id
-from service.worker import ModelWorker
 
 log = structlog.get_logger("engine")
 

@@ -10,7 +10,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 
 from service.config import ModelConfig, Settings
-from service.model_options import ModelOptions
+from service.engine.model_options import ModelOptions
 from service.model_source import ModelSource
 from service.models.embedded import EMBEDDED_MODELS, EmbeddedModel
 from service.models.sources import SourceResolver, check_model_name
