@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import json
 
-from service.chat_template import render_chat
+from service.text.chat_template import render_chat
 from service.text.requests import ChatMessage, Tool, ToolCall
 
 # The chat template of Qwen2.5-Instruct (Hermes-style tool calls), as in its

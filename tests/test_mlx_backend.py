@@ -19,10 +19,10 @@ from mlx_lm.utils import load
 
 from service.backends.base import SequenceRequest
 from service.backends.mlx_lm import BACKEND_NAME, MlxLmBackend, MlxLmOptions
-from service.chat_template import render_chat
 from service.decode.scheduler import OneAtATime
 from service.decode.sequence import DecodeEvent, DecodePlan, SequenceDecoder
 from service.errors import BackendFailure, NotSupported
+from service.text.chat_template import render_chat
 from service.text.requests import (
     ChatMessage,
     Delta,

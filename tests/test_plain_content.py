@@ -21,9 +21,9 @@ import pytest
 from inference.v1 import inference_pb2 as pb
 from service.backends.llama_cpp.backend import LlamaCppBackend, LlamaCppOptions
 from service.backends.mlx_lm import MlxLmBackend, MlxLmOptions
-from service.chat_template import render_chat
 from service.errors import InvalidRequest
 from service.models.embedded import EMBEDDED_MODELS
+from service.text.chat_template import render_chat
 from service.text.plain_content import ControlTexts, cut, plain_spans, prompt_ids
 from service.text.requests import ChatMessage, ToolCall
 from tests.conftest import SMOLLM, make_settings, serving

@@ -27,7 +27,6 @@ from inference.v1 import inference_pb2 as pb
 from service.backends.base import TextBackend
 from service.backends.failure import RELOADING, library_failure
 from service.backends.names import DIFFUSERS
-from service.chat_template import render_chat
 from service.decode.scheduler import DecodeScheduler, nothing_to_publish
 from service.decode.sequence import DecodeEvent, DecodePlan, fit_max_tokens
 from service.decode.sink import EventSink
@@ -38,6 +37,7 @@ from service.errors import NotSupported, ServiceError, Unavailable
 from service.images.backend import GenerationCancelled, ImageBackend
 from service.images.requests import ImageRequest, ImageStep, RenderedImage
 from service.request_id import in_this_context
+from service.text.chat_template import render_chat
 from service.text.plain_content import prompt_ids
 from service.text.requests import ChatMessage, Finished, GenerationRequest, Started, Tool
 from service.tools.base import ToolCallParser
