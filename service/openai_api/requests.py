@@ -81,6 +81,15 @@ def _sampling(body: Body, request: pb.GenerateRequest) -> None:
             setattr(request, name, _number(body, name))
     if body.get("seed") is not None:
         request.seed = _int(body, "seed", 0, _UINT32)
+    # llama-server's extensions, under the contract's names (an SDK's `extra_body`).
+    for name in ("top_k",):
+        if body.get(name) is not None:
+            setattr(request, name, _int(body, name, 0, 1 << 20))
+    for name in ("min_p", "repeat_penalty"):
+        if body.get(name) is not None:
+            setattr(request, name, _number(body, name))
+    if body.get("grammar") is not None:
+        request.grammar = _text(body, "grammar", default="")
 
 
 def _stops(value: object) -> list[str]:
@@ -237,6 +246,7 @@ _COMMON = frozenset(
     {
         "model", "max_tokens", "stop", "temperature", "top_p", "presence_penalty",
         "frequency_penalty", "seed", "n", "logprobs", "best_of",
+        "top_k", "min_p", "repeat_penalty", "grammar",
     }
 )  # fmt: skip
 _CHAT_FIELDS = _COMMON | {

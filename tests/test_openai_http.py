@@ -1,0 +1,334 @@
+"""The OpenAI-compatible HTTP surface (issue 30), with the official `openai` SDK as the client.
+
+One server, with `--http-listen` on a free port: SmolLM2 (its own chat template)
+as the default, and SmolLM2 under a Hermes-style template as "hermes" for tool
+calls. Everything here goes over real HTTP to the same process that serves gRPC.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+import subprocess
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import httpx2 as httpx
+import jsonschema
+import openai
+import pytest
+
+from service.config import ModelConfig
+from service.models.embedded import EMBEDDED_MODELS
+from tests.conftest import SMOLLM, RunningServer, make_settings, serving
+from tests.test_chat_template_tools import QWEN25_TEMPLATE
+from tests.test_generation_features import CALL_GRAMMAR, PERSON
+
+WEATHER = {
+    "type": "function",
+    "function": {
+        "name": "get_weather",
+        "description": "The current weather in a city.",
+        "parameters": {
+            "type": "object",
+            "properties": {"city": {"type": "string"}},
+            "required": ["city"],
+        },
+    },
+}
+QUESTION: Any = [{"role": "user", "content": "What is the capital of France?"}]
+
+
+@pytest.fixture(scope="module")
+def running() -> Iterator[RunningServer]:
+    source = str(EMBEDDED_MODELS[SMOLLM].locate())
+    models = {"hermes": ModelConfig(source=source, chat_template=QWEN25_TEMPLATE)}
+    settings = make_settings(models=models, http_listen="127.0.0.1:0")
+    with serving(settings) as (server, _):
+        yield server
+
+
+def base_url(running: RunningServer) -> str:
+    assert running.server.http is not None
+    return f"http://127.0.0.1:{running.server.http.port}/v1"
+
+
+@pytest.fixture(scope="module")
+def client(running: RunningServer) -> openai.OpenAI:
+    # No retries: a refusal must reach the test as the SDK's own exception.
+    return openai.OpenAI(base_url=base_url(running), api_key="none", max_retries=0)
+
+
+def chat(client: openai.OpenAI, **fields: Any) -> Any:
+    """A chat completion, the SDK's typed parameters taken as given."""
+    return client.chat.completions.create(**fields)
+
+
+def test_a_chat_completion_answers_with_usage_and_the_request_id(client: openai.OpenAI) -> None:
+    raw = client.chat.completions.with_raw_response.create(
+        model=SMOLLM,
+        messages=QUESTION,
+        max_tokens=12,
+        temperature=0,
+        extra_headers={"x-request-id": "http-chat-1"},
+    )
+    assert raw.headers["x-request-id"] == "http-chat-1"
+    completion = raw.parse()
+    assert completion.id == "chatcmpl-http-chat-1"
+    (choice,) = completion.choices
+    assert choice.message.role == "assistant"
+    assert choice.message.content
+    assert choice.finish_reason in ("stop", "length")
+    usage = completion.usage
+    assert usage is not None
+    assert usage.prompt_tokens > 5
+    assert 0 < usage.completion_tokens <= 12
+    assert usage.total_tokens == usage.prompt_tokens + usage.completion_tokens
+
+
+def test_a_streamed_chat_gives_the_same_text_and_usage_last(client: openai.OpenAI) -> None:
+    whole = chat(
+        client,
+        model=SMOLLM,
+        messages=QUESTION,
+        max_tokens=16,
+        temperature=0,
+        seed=3,
+    )
+    chunks = list(
+        chat(
+            client,
+            model=SMOLLM,
+            messages=QUESTION,
+            max_tokens=16,
+            temperature=0,
+            seed=3,
+            stream=True,
+            stream_options={"include_usage": True},
+        )
+    )
+    assert chunks[0].choices[0].delta.role == "assistant"
+    text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    assert text == whole.choices[0].message.content
+    finishing = [c for c in chunks if c.choices and c.choices[0].finish_reason]
+    assert [c.choices[0].finish_reason for c in finishing] == [whole.choices[0].finish_reason]
+    assert chunks[-1].choices == []  # the usage chunk comes last, with no choice
+    assert chunks[-1].usage is not None
+    assert whole.usage is not None
+    assert chunks[-1].usage.completion_tokens == whole.usage.completion_tokens
+
+
+def test_stop_ends_the_text_before_the_stop_sequence(client: openai.OpenAI) -> None:
+    free = chat(
+        client,
+        model=SMOLLM,
+        messages=QUESTION,
+        max_tokens=24,
+        temperature=0,
+    ).choices[0]
+    text = free.message.content or ""
+    words = text.split()
+    assert len(words) >= 3, text
+    stop = words[2]
+    stopped = chat(
+        client,
+        model=SMOLLM,
+        messages=QUESTION,
+        max_tokens=24,
+        temperature=0,
+        stop=[stop],
+    ).choices[0]
+    assert stopped.finish_reason == "stop"
+    assert stopped.message.content == text[: text.index(stop)]
+
+
+def test_the_same_seed_gives_the_same_sampled_text(client: openai.OpenAI) -> None:
+    def sampled(seed: int) -> str:
+        return (
+            chat(
+                client,
+                model=SMOLLM,
+                messages=QUESTION,
+                max_tokens=16,
+                temperature=1.0,
+                seed=seed,
+            )
+            .choices[0]
+            .message.content
+            or ""
+        )
+
+    assert sampled(11) == sampled(11)
+
+
+def test_logprobs_come_per_token_with_their_alternatives(client: openai.OpenAI) -> None:
+    completion = chat(
+        client,
+        model=SMOLLM,
+        messages=QUESTION,
+        max_tokens=6,
+        temperature=0,
+        logprobs=True,
+        top_logprobs=3,
+    )
+    choice = completion.choices[0]
+    assert choice.logprobs is not None
+    content = choice.logprobs.content
+    assert content is not None
+    assert completion.usage is not None
+    assert len(content) == completion.usage.completion_tokens
+    for entry in content:
+        assert entry.logprob <= 0
+        assert len(entry.top_logprobs) == 3
+        ranked = [top.logprob for top in entry.top_logprobs]
+        assert ranked == sorted(ranked, reverse=True)
+        assert entry.logprob >= ranked[-1] - 1e-4  # greedy: the chosen one is among the best
+    assert "".join(entry.token for entry in content) == choice.message.content
+
+
+def test_a_json_schema_response_format_gives_json_that_validates(client: openai.OpenAI) -> None:
+    completion = chat(
+        client,
+        model=SMOLLM,
+        messages=[{"role": "user", "content": "Describe a person as JSON."}],
+        max_tokens=60,
+        temperature=0,
+        response_format={
+            "type": "json_schema",
+            "json_schema": {"name": "person", "schema": PERSON},
+        },
+    )
+    jsonschema.validate(json.loads(completion.choices[0].message.content or ""), PERSON)
+
+
+def test_a_tool_call_round_trip(client: openai.OpenAI) -> None:
+    question = {"role": "user", "content": "What is the weather in Paris?"}
+    first = chat(
+        client,
+        model="hermes",
+        messages=[question],
+        tools=[WEATHER],
+        temperature=0,
+        extra_body={"grammar": CALL_GRAMMAR},  # llama-server's extension: forces the call
+    )
+    choice = first.choices[0]
+    assert choice.finish_reason == "tool_calls"
+    (call,) = choice.message.tool_calls or []
+    assert call.function.name == "get_weather"
+    assert json.loads(call.function.arguments)["city"].isalpha()
+    result = {"role": "tool", "tool_call_id": call.id, "content": '{"celsius": 21}'}
+    second = chat(
+        client,
+        model="hermes",
+        messages=[question, choice.message.model_dump(exclude_none=True), result],
+        tools=[WEATHER],
+        temperature=0,
+        max_tokens=8,
+    )
+    assert first.usage is not None
+    assert second.usage is not None
+    # The call and its result went back through the template: the prompt grew by them.
+    assert second.usage.prompt_tokens > first.usage.prompt_tokens + 10
+
+
+def test_a_streamed_tool_call_arrives_as_tool_call_deltas(client: openai.OpenAI) -> None:
+    chunks = list(
+        chat(
+            client,
+            model="hermes",
+            messages=[{"role": "user", "content": "Weather in Rome?"}],
+            tools=[WEATHER],
+            temperature=0,
+            stream=True,
+            extra_body={"grammar": CALL_GRAMMAR},
+        )
+    )
+    calls = [tc for c in chunks if c.choices for tc in c.choices[0].delta.tool_calls or []]
+    assert [tc.function.name for tc in calls] == ["get_weather"]
+    assert chunks[-1].choices[0].finish_reason == "tool_calls"
+    assert not any("<tool_call>" in (c.choices[0].delta.content or "") for c in chunks)
+
+
+def test_text_completions_and_the_model_list(client: openai.OpenAI) -> None:
+    completion = client.completions.create(
+        model=SMOLLM, prompt="The capital of France is", max_tokens=5, temperature=0
+    )
+    assert completion.object == "text_completion"
+    assert completion.choices[0].text
+    assert completion.usage is not None
+    assert completion.usage.completion_tokens <= 5
+    names = {model.id for model in client.models.list()}
+    assert {SMOLLM, "hermes"} <= names
+
+
+def test_errors_are_the_sdk_s_own_exceptions(client: openai.OpenAI) -> None:
+    with pytest.raises(openai.NotFoundError) as missing:
+        chat(client, model="no-such-model", messages=QUESTION)
+    assert "no-such-model" in str(missing.value)
+    with pytest.raises(openai.BadRequestError, match="n: 1"):
+        chat(client, model=SMOLLM, messages=QUESTION, n=2)
+    with pytest.raises(openai.BadRequestError, match="temperature"):
+        chat(client, model=SMOLLM, messages=QUESTION, temperature=-3)
+    with pytest.raises(openai.BadRequestError, match="messages"):
+        chat(client, model=SMOLLM, messages=[])
+
+
+def test_a_body_too_large_is_413_in_openai_s_error_shape(running: RunningServer) -> None:
+    size = int(running.server.settings.max_receive_message_bytes) + 1
+    reply = httpx.post(
+        base_url(running) + "/chat/completions",
+        content=b'{"messages": "' + b"x" * size + b'"}',
+        headers={"content-type": "application/json"},
+    )
+    assert reply.status_code == 413
+    assert reply.json()["error"]["message"]
+
+
+def test_a_bearer_token_is_required_when_the_server_has_one() -> None:
+    settings = make_settings(http_listen="127.0.0.1:0", auth_token="s3cret")
+    with serving(settings) as (server, _):
+        url = base_url(server)
+        with pytest.raises(openai.AuthenticationError):
+            openai.OpenAI(base_url=url, api_key="wrong", max_retries=0).models.list()
+        names = [m.id for m in openai.OpenAI(base_url=url, api_key="s3cret").models.list()]
+        assert SMOLLM in names
+
+
+def test_a_client_that_disconnects_cancels_its_generation(running: RunningServer) -> None:
+    body = {"model": SMOLLM, "messages": QUESTION, "max_tokens": 900, "stream": True}
+    gate = running.server.gate
+    with (
+        httpx.Client() as http,
+        http.stream("POST", base_url(running) + "/chat/completions", json=body) as reply,
+    ):
+        lines = reply.iter_lines()
+        assert next(line for line in lines if line.startswith("data: "))
+        assert gate.active == 1  # it holds its slot while it generates
+    # The connection closed after one chunk: the generation stops, its slot frees,
+    # and the request is counted as cancelled, not as one that ran to its end.
+    deadline = time.monotonic() + 30
+    while gate.active and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert gate.active == 0
+    labels = {"rpc": "ChatCompletions", "model": SMOLLM, "code": "CANCELLED"}
+    registry = running.server.metrics.registry
+    assert registry.get_sample_value("inference_rpcs_total", labels) == 1
+
+
+SSE = re.compile(rb"(data: \{[^\n]*\}\n\n)+data: \[DONE\]\n\n")
+
+
+@pytest.mark.skipif(shutil.which("curl") is None, reason="curl is not installed")
+def test_curl_sees_server_sent_events_framed_byte_for_byte(running: RunningServer) -> None:
+    body = json.dumps({"model": SMOLLM, "messages": QUESTION, "max_tokens": 5, "stream": True})
+    output = subprocess.run(
+        ["curl", "-sN", "-H", "content-type: application/json", "-d", body,
+         base_url(running) + "/chat/completions"],
+        capture_output=True, check=True, timeout=120,
+    ).stdout  # fmt: skip
+    assert SSE.fullmatch(output), output[:500]
+    events = [json.loads(part[6:]) for part in output.split(b"\n\n")[:-2]]
+    assert all(event["object"] == "chat.completion.chunk" for event in events)
+    assert events[-1]["choices"][0]["finish_reason"] in ("stop", "length")
