@@ -109,7 +109,7 @@ def running_server(
     model: str, threads: int, extra: list[str] | None = None
 ) -> Iterator[tuple[str, int]]:
     """The service in a subprocess, serving `model` by default; its address and pid."""
-    command = [sys.executable, "-m", "service.server", "--listen", "127.0.0.1:0"]
+    command = [sys.executable, "-m", "service.front", "--listen", "127.0.0.1:0"]
     command += ["--default-model", model, "--threads", str(threads), *(extra or [])]
     env = {**os.environ, "INFERENCE_LOG_FORMAT": "json", "INFERENCE_LOG_LEVEL": "info"}
     process = subprocess.Popen(command, stderr=subprocess.PIPE, text=True, env=env)

@@ -12,7 +12,7 @@
     ├── DataLoss              DATA_LOSS            fetched bytes are not what was promised
     └── BackendFailure        INTERNAL             the model library failed
 
-Code raises these; `service.rpc` turns them into statuses in one place. Any
+Code raises these; `service.front.rpc` turns them into statuses in one place. Any
 other exception becomes INTERNAL with a generic message and a logged traceback.
 """
 

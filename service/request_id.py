@@ -25,7 +25,7 @@ def request_id_from(metadata: Iterable[tuple[str, Any]] | None) -> str:
 
 
 def current_request_id() -> str:
-    """The id of the RPC this task serves ("" outside one). service.rpc binds it into
+    """The id of the RPC this task serves ("" outside one). service.front.rpc binds it into
     structlog's context for its own log lines; the front reads it back from there
     to hand it to an engine process, which has no such context."""
     value = structlog.contextvars.get_contextvars().get("request_id")

@@ -14,8 +14,8 @@ import pytest
 from inference.v1 import inference_pb2 as pb
 from inference.v1 import inference_pb2_grpc as pb_grpc
 from service.config import Settings
+from service.front.server import InferenceServer
 from service.log import configure_logging
-from service.server import InferenceServer
 
 T = TypeVar("T")
 

@@ -47,8 +47,8 @@ class ServerProcess:
 def server_process(
     arguments: Sequence[str] = (), env: dict[str, str] | None = None
 ) -> Iterator[ServerProcess]:
-    """`python -m service.server --listen 127.0.0.1:0 ARGUMENTS`, JSON logs; killed at the end."""
-    command = [sys.executable, "-m", "service.server", "--listen", "127.0.0.1:0", *arguments]
+    """`python -m service.front --listen 127.0.0.1:0 ARGUMENTS`, JSON logs; killed at the end."""
+    command = [sys.executable, "-m", "service.front", "--listen", "127.0.0.1:0", *arguments]
     env = {**os.environ, "INFERENCE_LOG_FORMAT": "json", **(env or {})}
     process = subprocess.Popen(command, stderr=subprocess.PIPE, text=True, env=env)
     server = ServerProcess(process)

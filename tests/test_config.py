@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from service.config import Settings, build_parser, load_settings
-from service.overload import ConcurrencyGate
+from service.front.overload import ConcurrencyGate
 from tests.conftest import make_settings
 
 

@@ -12,11 +12,11 @@ import pytest
 from inference.engine.v1 import engine_pb2 as epb
 from inference.v1 import inference_pb2 as pb
 from service import errors
-from service.conversion import generation_request
 from service.engine import wire
 from service.engine.framing import BlockingLink, FrameError, encode, read_message
 from service.engine.model_options import ModelOptions
 from service.engine.options import EngineOptions
+from service.front.conversion import generation_request
 from service.images.requests import ImageLimits, ImageRequest
 
 ERRORS = [

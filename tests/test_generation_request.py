@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 
 from inference.v1 import inference_pb2 as pb
-from service.conversion import generation_request
 from service.decode.sequence import fit_max_tokens
 from service.errors import InvalidRequest
+from service.front.conversion import generation_request
 from service.text.requests import (
     Delta,
     GenerationLimits,

@@ -12,7 +12,7 @@ import pytest
 
 from inference.v1 import inference_pb2 as pb
 from inference.v1 import inference_pb2_grpc as pb_grpc
-from service.registration import EncodedRequest
+from service.front.registration import EncodedRequest
 from service.text.chat_template import STANDARD_ROLES, template_roles
 from service.text.requests import GenerationRequest
 from tests.conftest import RunningServer, collect, finished_of

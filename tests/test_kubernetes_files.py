@@ -33,11 +33,11 @@ from service.admission import Capability, decide
 from service.cluster.envoy_config import layout_from_args, render
 from service.cluster.settings import PickerSettings, load_picker_settings
 from service.config import ENV_PREFIX, Settings, load_settings
+from service.front.server import INFERENCE_SERVICE
 from service.memory import MemoryNeed
 from service.models.catalog import Catalog
 from service.models.pool import memory_need
 from service.models.sources import SourceResolver
-from service.server import INFERENCE_SERVICE
 
 ROOT = Path(__file__).resolve().parent.parent
 DEPLOY = ROOT / "deploy" / "kubernetes"

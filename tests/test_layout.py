@@ -14,7 +14,7 @@ SERVICE = Path(__file__).resolve().parent.parent / "service"
 
 
 def package_of(module: str) -> str | None:
-    """`models` for service.models.pool; None for a top-level module (service.server)."""
+    """`models` for service.models.pool; None for a top-level module (service.front.server)."""
     parts = module.split(".")
     if len(parts) < 2 or not (SERVICE / parts[1]).is_dir():
         return None

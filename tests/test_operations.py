@@ -100,7 +100,7 @@ def test_operator_template_enables_chat_on_a_model_without_one(
 def test_start_up_imports_no_heavy_library() -> None:
     """torch, diffusers and mlx take seconds to import; health must not wait for them."""
     heavy = ("torch", "diffusers", "transformers", "mlx_lm", "llama_cpp")
-    code = f"import service.server, sys; print([m for m in {heavy!r} if m in sys.modules])"
+    code = f"import service.front.server, sys; print([m for m in {heavy!r} if m in sys.modules])"
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert done.stdout.strip() == "[]"
 

@@ -13,8 +13,8 @@ import pytest
 from inference.v1 import inference_pb2 as pb
 from inference.v1 import inference_pb2_grpc as pb_grpc
 from service.errors import InvalidRequest, Overloaded
-from service.limits import RequestLimits
-from service.overload import ConcurrencyGate
+from service.front.limits import RequestLimits
+from service.front.overload import ConcurrencyGate
 from tests.conftest import RunningServer, make_settings, serving
 
 # --- the gate, alone -------------------------------------------------------------------

@@ -22,7 +22,6 @@ import pytest
 
 from inference.v1 import inference_pb2 as pb
 from inference.v1 import inference_pb2_grpc as pb_grpc
-from service import rpc
 from service.admission import Capability, decide
 from service.backends.llama_cpp import LlamaCppBackend
 from service.config import ModelConfig, Settings
@@ -30,6 +29,7 @@ from service.decode.sequence import SequenceDecoder
 from service.engine import core
 from service.engine.local import LocalEngine
 from service.errors import INTERNAL_MESSAGE
+from service.front import rpc
 from service.model_source import ModelSource
 from service.models.embedded import EMBEDDED_MODELS
 from service.models.pool import ModelPool

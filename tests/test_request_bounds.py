@@ -18,7 +18,11 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from inference.v1 import inference_pb2 as pb
 from inference.v1 import inference_pb2_grpc as pb_grpc
-from service.limits import MAX_NAME_CHARS, MAX_TOOL_CALLS_PER_MESSAGE, MAX_TOOL_DESCRIPTION_CHARS
+from service.front.limits import (
+    MAX_NAME_CHARS,
+    MAX_TOOL_CALLS_PER_MESSAGE,
+    MAX_TOOL_DESCRIPTION_CHARS,
+)
 from tests.conftest import RunningServer, make_settings, serving
 
 

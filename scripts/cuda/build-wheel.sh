@@ -88,4 +88,4 @@ fi
 has_cuda_llama || { echo "llama_cpp imports but cannot offload to a GPU" >&2; exit 1; }
 "$python" -c 'import llama_cpp; print("llama_cpp", llama_cpp.__version__, "from", llama_cpp.__file__)'
 ls "$CUDA_DIR/build/bin" 2>/dev/null | grep -E '^llama-(bench|quantize)$' || true
-echo "start the service with:  . scripts/cuda/env.sh && python3 -m service.server --gpu-layers -1 ..."
+echo "start the service with:  . scripts/cuda/env.sh && python3 -m service.front --gpu-layers -1 ..."

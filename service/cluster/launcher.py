@@ -107,7 +107,7 @@ class Cluster:
         ports = [base + i if base else free_port(host) for i in range(self.args.replicas)]
         for port in ports:
             address = _address(host, port)
-            command = [sys.executable, "-m", "service.server", "--listen", address]
+            command = [sys.executable, "-m", "service.front", "--listen", address]
             self.replicas.append(self._spawn("replica", address, command + self.args.server_args))
         if self.args.no_picker:
             self._start_envoy(None)

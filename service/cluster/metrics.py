@@ -1,6 +1,6 @@
 """The endpoint picker's Prometheus metrics, served over HTTP (`--metrics-listen`).
 
-As the server's (service/metrics.py): names start `inference_picker_`, and each
+As the server's (service/front/metrics.py): names start `inference_picker_`, and each
 picker has its own registry, so several pickers in one process (tests) never
 share counters. Counters and histograms are prometheus_client's own, updated on
 the event loop as decisions and polls happen (they take their own locks). What

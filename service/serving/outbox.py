@@ -8,7 +8,7 @@ generation runs in a task of its own and puts its responses in a buffer of
 at most `max_bytes`; the handler writes them out as the client takes them.
 When the generation ends, it lets go of its slot at once, whatever the
 client has read; while the buffer is full it waits (the generation pauses),
-and a stream that cannot write at all is cancelled by `service.rpc`'s send
+and a stream that cannot write at all is cancelled by `service.front.rpc`'s send
 deadline, which stops the generation with it.
 """
 

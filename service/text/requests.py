@@ -304,10 +304,10 @@ class GenerationRequest:
         grammar: Grammar | None = None,
     ) -> GenerationRequest:
         """The request in `msg`, validated. `grammar` is what `msg`'s grammar or JSON
-        schema compiled to: `service.conversion` compiles it (that needs llama.cpp),
+        schema compiled to: `service.front.conversion` compiles it (that needs llama.cpp),
         and an engine process gets it compiled from the front."""
         if grammar is None and (msg.HasField("grammar") or msg.response_format.json_schema):
-            raise ValueError("compile the request's grammar first (service.conversion)")
+            raise ValueError("compile the request's grammar first (service.front.conversion)")
 
         def optional(name: str) -> float | int | None:
             return getattr(msg, name) if msg.HasField(name) else None

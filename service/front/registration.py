@@ -9,7 +9,7 @@ UNKNOWN, before any code of ours runs, unlogged and uncounted. Here:
   (a million chat messages take upb about 0.2 s, which every other stream
   would wait through);
 - one that does not decode becomes an `UndecodableRequest`.
-The RPC wrapper (`service.rpc`) finishes the job: it decodes what is still
+The RPC wrapper (`service.front.rpc`) finishes the job: it decodes what is still
 encoded on its offload pool and answers what is undecodable with
 INVALID_ARGUMENT, logged and counted like any other refused call.
 """

@@ -22,9 +22,9 @@ from prometheus_client.core import (
 from prometheus_client.registry import Collector
 
 from inference.v1 import inference_pb2 as pb
+from service.front.overload import ConcurrencyGate
 from service.images.requests import ImageDone
 from service.models.pool import LoadedModel, ModelPool
-from service.overload import ConcurrencyGate
 
 _TOKEN_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.02, 0.05, 0.1, 0.25, 0.5, 1.0)
 _LATENCY_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0)

@@ -2,10 +2,10 @@
 
     POST /v1/chat/completions   POST /v1/completions   GET /v1/models
 
-Each request becomes the contract's GenerateRequest (service.openai_api.requests)
+Each request becomes the contract's GenerateRequest (service.front.openai_api.requests)
 and runs through the servicer's own Generate, below its gRPC wrapper: the same
 validation, overload gate, model pool, pulls and generation metrics. This module
-does for HTTP what `service.rpc` does for gRPC: the request id (`x-request-id`,
+does for HTTP what `service.front.rpc` does for gRPC: the request id (`x-request-id`,
 taken or made, sent back as a header and bound into the log lines), the bearer
 token, one summary log line and the RPC metrics per request, and errors as
 OpenAI's JSON error with the matching HTTP status. A client that disconnects
@@ -27,20 +27,20 @@ from aiohttp import web
 
 from inference.v1 import inference_pb2 as pb
 from service.errors import InvalidRequest, ServiceError
-from service.openai_api.errors import described, error_body, http_status
-from service.openai_api.requests import (
+from service.front.openai_api.errors import described, error_body, http_status
+from service.front.openai_api.requests import (
     Body,
     Translate,
     chat_request,
     completion_request,
     wants_usage_in_stream,
 )
-from service.openai_api.responses import Reply
+from service.front.openai_api.responses import Reply
 from service.request_id import METADATA_KEY, request_id_from
 
 if TYPE_CHECKING:
-    from service.auth import BearerAuth
-    from service.metrics import Metrics
+    from service.front.auth import BearerAuth
+    from service.front.metrics import Metrics
 
 log = structlog.get_logger("http")
 
@@ -51,7 +51,7 @@ ListModels = Callable[[pb.ListModelsRequest, Summary], Awaitable[pb.ListModelsRe
 
 def below_grpc(servicer: Any) -> tuple[GenerateEvents, ListModels]:
     """The servicer's Generate and ListModels without their gRPC wrapper
-    (`service.rpc` wraps them with functools.wraps; this module wraps them for HTTP)."""
+    (`service.front.rpc` wraps them with functools.wraps; this module wraps them for HTTP)."""
     kind = type(servicer)
     generate = functools.partial(kind.Generate.__wrapped__, servicer)
     list_models = functools.partial(kind.ListModels.__wrapped__, servicer)

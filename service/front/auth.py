@@ -1,6 +1,6 @@
 """Bearer-token authentication of Inference RPCs (`authorization: Bearer TOKEN`).
 
-Health and reflection are never wrapped by `service.rpc`, so probes and
+Health and reflection are never wrapped by `service.front.rpc`, so probes and
 grpcurl's listing need no token.
 """
 

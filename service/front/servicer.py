@@ -10,24 +10,24 @@ from pathlib import Path
 from inference.v1 import inference_pb2 as pb
 from inference.v1 import inference_pb2_grpc as pb_grpc
 from service.admission import Capability, Decision
-from service.auth import BearerAuth
 from service.backends.names import EXTERNAL
-from service.conversion import generation_request
 from service.errors import InvalidRequest
+from service.front.auth import BearerAuth
+from service.front.conversion import generation_request
+from service.front.limits import RequestLimits
+from service.front.metrics import Metrics
+from service.front.offload import Offload
+from service.front.overload import ConcurrencyGate
+from service.front.rpc import Summary, stream_rpc, unary_rpc
 from service.hub.disk import free_bytes
 from service.hub.inventory import CachedModel
 from service.hub.pull import PullState
 from service.images.requests import ImageDone, ImageLimits, ImageRequest
-from service.limits import RequestLimits
 from service.memory import MemoryNeed
-from service.metrics import Metrics
 from service.models.admit_report import AdmissionReport, download_pb
 from service.models.catalog import ModelSpec
 from service.models.pool import LoadedModel, ModelPool, memory_need
 from service.models.sources import check_model_name
-from service.offload import Offload
-from service.overload import ConcurrencyGate
-from service.rpc import Summary, stream_rpc, unary_rpc
 from service.serving.images import ImageGenerator
 from service.serving.outbox import ahead_of_reader
 from service.serving.pulls import Pulls

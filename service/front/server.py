@@ -22,33 +22,33 @@ from grpc_reflection.v1alpha import reflection
 
 from inference.v1 import inference_pb2 as pb
 from service.admission import Capability, Decision, decide
-from service.auth import BearerAuth
 from service.config import Settings, load_settings
+from service.front.auth import BearerAuth
+from service.front.limits import RequestLimits
+from service.front.metrics import Metrics
+from service.front.offload import Offload
+from service.front.openai_api.app import OpenAiHttp, below_grpc
+from service.front.overload import ConcurrencyGate
+from service.front.registration import add_inference_service
+from service.front.servicer import InferenceServicer
+from service.front.transport import http_tls, server_credentials, server_options
 from service.hub.pull import Puller
 from service.hub.remote import HubAccess
 from service.hub.work import HubWork
 from service.images.external import CommandResolver
 from service.images.requests import ImageLimits
-from service.limits import RequestLimits
 from service.log import configure_logging
 from service.memory import default_budget_bytes
-from service.metrics import Metrics
 from service.model_source import ModelSource
 from service.models.catalog import Catalog
 from service.models.engine_starter import engine_starter
 from service.models.pool import ModelPool, PoolLimits
 from service.models.sources import SourceResolver
-from service.offload import Offload
-from service.openai_api.app import OpenAiHttp, below_grpc
-from service.overload import ConcurrencyGate
-from service.registration import add_inference_service
-from service.servicer import InferenceServicer
 from service.serving.health import BoundedHealthServicer
 from service.serving.images import ImageGenerator
 from service.serving.pulls import Pulls
 from service.serving.text import TextGenerator
 from service.text.requests import GenerationLimits
-from service.transport import http_tls, server_credentials, server_options
 
 log = structlog.get_logger("server")
 SERVING = health_pb2.HealthCheckResponse.SERVING

@@ -25,13 +25,13 @@ import grpc
 import structlog
 
 from service.errors import INTERNAL_MESSAGE, InvalidRequest, ServiceError
-from service.registration import EncodedRequest, UndecodableRequest
+from service.front.registration import EncodedRequest, UndecodableRequest
 from service.request_id import METADATA_KEY, request_id_from
 
 if TYPE_CHECKING:
-    from service.auth import BearerAuth
-    from service.metrics import Metrics
-    from service.offload import Offload
+    from service.front.auth import BearerAuth
+    from service.front.metrics import Metrics
+    from service.front.offload import Offload
 
 log = structlog.get_logger("rpc")
 
