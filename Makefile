@@ -23,8 +23,10 @@ install:
 	if command -v npm >/dev/null; then npm ci --prefix clients/node --no-audit --no-fund; \
 	else echo "npm not found: the Node.js client is not installed"; fi
 
+# gRPC on 127.0.0.1:50051, the OpenAI-compatible HTTP API on 127.0.0.1:8080.
+SERVE_HTTP_LISTEN ?= 127.0.0.1:8080
 serve:
-	$(BIN)/inference-server
+	$(BIN)/inference-server --http-listen $(SERVE_HTTP_LISTEN)
 
 # CLUSTER_REPLICAS replicas, the endpoint picker and Envoy on loopback; clients
 # connect to CLUSTER_LISTEN. CLUSTER_ARGS go to every replica (server flags).
@@ -66,6 +68,7 @@ bench:
 	$(BIN)/python -m bench.serving --num-prompts 24 --input-len 150 --output-len 64 \
 		--concurrency 8 $(if $(LLAMA_SERVER),--llama-server $(LLAMA_SERVER))
 	$(BIN)/python -m bench.generate
+	$(BIN)/python -m bench.http
 	$(BIN)/python -m bench.image
 	$(BIN)/python -m bench.cluster
 	$(BIN)/python -m bench.pull

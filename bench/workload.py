@@ -22,7 +22,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 # Ordinary words, so tokenizers give ordinary counts (about 1.3 tokens a word).
-_WORDS = (  # noqa: SIM905 - one string reads better than 200 quoted words
+WORDS = (  # noqa: SIM905 - one string reads better than 200 quoted words
     "the of and to in a is that for it as was with be by on not he this are or his from at "
     "which but have an they you were her she there been one all we their can has more when "
     "will would if so no time about into than its only other new some could these two may "
@@ -74,10 +74,10 @@ class Texts:
         return len(self._tokenize(text))
 
     def of(self, tokens: int) -> str:
-        words = [self._random.choice(_WORDS) for _ in range(tokens + 8)]
+        words = [self._random.choice(WORDS) for _ in range(tokens + 8)]
         ids = self._tokenize(" ".join(words).capitalize())
         while len(ids) < tokens:  # a rare word-to-token ratio below one
-            ids += self._tokenize(" " + self._random.choice(_WORDS))
+            ids += self._tokenize(" " + self._random.choice(WORDS))
         return self._detokenize(ids[:tokens])
 
 
