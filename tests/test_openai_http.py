@@ -10,9 +10,11 @@ from __future__ import annotations
 import json
 import re
 import shutil
+import ssl
 import subprocess
 import time
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import httpx2 as httpx
@@ -22,6 +24,7 @@ import pytest
 
 from service.config import ModelConfig
 from service.models.embedded import EMBEDDED_MODELS
+from tests.certificates import make_pki
 from tests.conftest import SMOLLM, RunningServer, make_settings, serving
 from tests.test_chat_template_tools import QWEN25_TEMPLATE
 from tests.test_generation_features import CALL_GRAMMAR, PERSON
@@ -332,3 +335,18 @@ def test_curl_sees_server_sent_events_framed_byte_for_byte(running: RunningServe
     events = [json.loads(part[6:]) for part in output.split(b"\n\n")[:-2]]
     assert all(event["object"] == "chat.completion.chunk" for event in events)
     assert events[-1]["choices"][0]["finish_reason"] in ("stop", "length")
+
+
+def test_tls_serves_https_with_the_grpc_port_s_certificate(tmp_path: Path) -> None:
+    pki = make_pki(tmp_path)
+    settings = make_settings(
+        http_listen="127.0.0.1:0", tls_cert=pki.server.cert, tls_key=pki.server.key
+    )
+    with serving(settings) as (server, _):
+        assert server.server.http is not None
+        url = f"https://localhost:{server.server.http.port}/v1"
+        trusting = httpx.Client(verify=ssl.create_default_context(cafile=str(pki.ca.cert)))
+        client = openai.OpenAI(base_url=url, api_key="none", http_client=trusting, max_retries=0)
+        assert SMOLLM in {model.id for model in client.models.list()}
+        with pytest.raises(httpx.RemoteProtocolError):  # no plaintext HTTP there
+            httpx.get(url.replace("https", "http") + "/models")
