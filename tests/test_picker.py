@@ -1,10 +1,12 @@
 """The endpoint picker's parts, without processes: prompt blocks, the prefix
-table, the ranking, reading a request body, its ext_proc answers, and the
-Envoy configuration it works with (checked by the real Envoy binary)."""
+table, the ranking, reading a request body (gRPC or OpenAI JSON), its ext_proc
+answers, and the Envoy configuration it works with (checked by the real Envoy
+binary)."""
 
 from __future__ import annotations
 
 import asyncio
+import json
 import random
 import struct
 import subprocess
@@ -19,11 +21,20 @@ from envoy.service.ext_proc.v3 import external_processor_pb2 as ext
 
 from inference.v1 import inference_pb2 as pb
 from service.cluster.envoy_config import layout_from_args, render
-from service.cluster.picker import ENDPOINT_HEADER, EndpointPicker, read_grpc_message
+from service.cluster.metrics import PickerMetrics
+from service.cluster.picker import (
+    ENDPOINT_HEADER,
+    ROUTED,
+    EndpointPicker,
+    read_grpc_message,
+    read_json_body,
+    routing_input,
+)
 from service.cluster.prefix_table import PrefixTable
 from service.cluster.prompt_blocks import chained_blocks, generation_pieces
 from service.cluster.ranking import rank, ranked
-from service.cluster.replicas import Replica, ReplicaMonitor
+from service.cluster.replicas import Replica, ReplicaMonitor, parse_replica
+from service.cluster.settings import load_picker_settings
 
 A, B, C = "10.0.0.1:50051", "10.0.0.2:50051", "10.0.0.3:50051"
 
@@ -321,6 +332,185 @@ def test_a_body_of_an_unknown_method_is_left_to_envoy() -> None:
     picker = EndpointPicker(Monitor(replica(A)), PrefixTable(), balance=8)  # type: ignore[arg-type]
     (answer,) = asyncio.run(exchange(picker, "", body_message(pb.GenerateRequest(prompt="Hi"))))
     assert not answer.request_body.response.header_mutation.set_headers
+
+
+# --- OpenAI-compatible HTTP: the JSON body, the replicas' HTTP ports -----------------
+
+
+def json_body(**fields: object) -> bytes:
+    return json.dumps(fields).encode()
+
+
+CONVERSATION: list[dict[str, Any]] = [
+    {"role": "system", "content": "Be brief."},
+    {"role": "user", "content": "Name a colour."},
+    {"role": "assistant", "content": "Blue."},
+    {"role": "user", "content": [{"type": "text", "text": "Another?"}]},
+]
+
+
+def test_a_chat_body_gives_its_model_and_its_messages_as_the_replica_reads_them() -> None:
+    request = read_json_body(json_body(model="x", messages=CONVERSATION), "ChatCompletions")
+    assert request is not None
+    assert request.model == "x"
+    assert [(m.role, m.content) for m in request.messages] == [
+        ("system", "Be brief."),
+        ("user", "Name a colour."),
+        ("assistant", "Blue."),
+        ("user", "Another?"),  # text parts joined, as the replica joins them
+    ]
+    no_model = read_json_body(json_body(messages=CONVERSATION), "ChatCompletions")
+    assert no_model is not None
+    assert routing_input(no_model).model == ""  # the replica's default model, as over gRPC
+
+
+def test_a_completions_body_gives_its_prompt() -> None:
+    request = read_json_body(json_body(model="x", prompt="Once upon a time"), "Completions")
+    assert request is not None
+    assert (request.model, request.prompt) == ("x", "Once upon a time")
+    listed = read_json_body(json_body(prompt=["Once"]), "Completions")
+    assert listed is not None
+    assert listed.prompt == "Once"
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        b"not json",
+        b'{"messages": [{"role": "user", "content": "cut sho',  # past the buffer limit
+        b"\xff\xfe",
+        b'["a list"]',
+        json_body(messages=CONVERSATION, n=2),  # the replica refuses it wherever it goes
+        json_body(messages=[]),
+    ],
+)
+def test_a_body_that_is_not_json_the_replica_takes_is_not_read(body: bytes) -> None:
+    assert read_json_body(body, "ChatCompletions") is None
+
+
+def test_a_conversation_hashes_alike_over_grpc_and_over_http() -> None:
+    """The same turns sent as a gRPC GenerateRequest and as OpenAI JSON are the same
+    prompt blocks: the replica that cached one has the other's prefix."""
+    over_grpc = pb.GenerateRequest(
+        model="x",
+        messages=[
+            pb.ChatMessage(role="system", content="Be brief."),
+            pb.ChatMessage(role="user", content="Name a colour."),
+            pb.ChatMessage(role="assistant", content="Blue."),
+            pb.ChatMessage(role="user", content="Another?"),
+        ],
+        max_tokens=8,
+    )
+    over_http = read_json_body(
+        json_body(model="x", messages=CONVERSATION, max_tokens=8, stream=True), "ChatCompletions"
+    )
+    assert over_http is not None
+    assert routing_input(over_http).blocks == routing_input(over_grpc).blocks
+    prompt = read_json_body(json_body(model="x", prompt="Once"), "Completions")
+    assert prompt is not None
+    assert (
+        routing_input(prompt).blocks
+        == routing_input(pb.GenerateRequest(model="x", prompt="Once")).blocks
+    )
+
+
+def http_body_message(body: bytes) -> ext.ProcessingRequest:
+    message = ext.ProcessingRequest()
+    message.request_body.body = body
+    message.request_body.end_of_stream = True
+    return message
+
+
+def test_an_http_request_is_sent_to_the_ranked_replicas_http_ports() -> None:
+    busy = replica(A, load=2, http_port=8080)
+    idle = replica(B, http_port=8081)
+    no_http = replica(C)  # its HTTP port unknown: never named for HTTP
+    metrics = PickerMetrics(lambda: (), methods=ROUTED, prefix_capacity=10)
+    picker = EndpointPicker(
+        Monitor(busy, idle, no_http),  # type: ignore[arg-type]
+        PrefixTable(),
+        balance=8,
+        metrics=metrics,
+    )
+    body = http_body_message(json_body(messages=CONVERSATION))
+    (answer,) = asyncio.run(exchange(picker, "ChatCompletions", body))
+    (chosen,) = answer.request_body.response.header_mutation.set_headers
+    assert chosen.header.key == ENDPOINT_HEADER
+    assert chosen.header.raw_value == b"10.0.0.2:8081,10.0.0.1:8080"
+    assert idle.routed == 1  # the replica, whichever port it was sent to
+    decided = metrics.registry.get_sample_value(
+        "inference_picker_decisions_total", {"method": "ChatCompletions", "reason": "least_loaded"}
+    )
+    assert decided == 1
+
+
+def test_an_http_conversation_goes_where_its_grpc_beginning_went() -> None:
+    first, second = replica(A, http_port=8080), replica(B, http_port=8081)
+    table = PrefixTable()
+    picker = EndpointPicker(Monitor(first, second), table, balance=8)  # type: ignore[arg-type]
+    over_grpc = pb.GenerateRequest(
+        messages=[
+            pb.ChatMessage(role=m["role"], content=str(m["content"])) for m in CONVERSATION[:3]
+        ]
+    )
+    (on_grpc,) = asyncio.run(exchange(picker, "Generate", body_message(over_grpc)))
+    home = on_grpc.request_body.response.header_mutation.set_headers[0].header.raw_value
+    home_http = {A.encode(): b"10.0.0.1:8080", B.encode(): b"10.0.0.2:8081"}[home.split(b",")[0]]
+    other = second if home.startswith(A.encode()) else first
+    other.routed = 3  # busier than the home, and without the prefix: the prefix wins
+    (on_http,) = asyncio.run(
+        exchange(picker, "ChatCompletions", http_body_message(json_body(messages=CONVERSATION)))
+    )
+    chosen = on_http.request_body.response.header_mutation.set_headers[0].header.raw_value
+    assert chosen.split(b",")[0] == home_http
+
+
+def test_with_headers_sent_too_an_http_path_names_the_method() -> None:
+    picker = EndpointPicker(Monitor(replica(A, http_port=8080)), PrefixTable(), balance=8)  # type: ignore[arg-type]
+    on_headers, on_body = asyncio.run(
+        exchange(
+            picker,
+            "",
+            headers_message("/v1/completions?api-version=1"),
+            http_body_message(json_body(prompt="Hi")),
+        )
+    )
+    assert on_headers.request_headers.response.header_mutation.remove_headers == [ENDPOINT_HEADER]
+    (chosen,) = on_body.request_body.response.header_mutation.set_headers
+    assert chosen.header.raw_value == b"10.0.0.1:8080"
+    (models,) = asyncio.run(exchange(picker, "", headers_message("/v1/models")))
+    assert models.mode_override.request_body_mode == models.mode_override.NONE
+
+
+def test_a_non_json_http_body_is_ranked_by_load_alone_and_counted_unread() -> None:
+    metrics = PickerMetrics(lambda: (), methods=ROUTED, prefix_capacity=10)
+    busy, idle = replica(A, load=2, http_port=8080), replica(B, http_port=8081)
+    picker = EndpointPicker(
+        Monitor(busy, idle),  # type: ignore[arg-type]
+        PrefixTable(),
+        balance=8,
+        metrics=metrics,
+    )
+    (answer,) = asyncio.run(exchange(picker, "Completions", http_body_message(b"prompt=Hi")))
+    (chosen,) = answer.request_body.response.header_mutation.set_headers
+    assert chosen.header.raw_value.startswith(b"10.0.0.2:8081")
+    unread = metrics.registry.get_sample_value(
+        "inference_picker_unread_bodies_total", {"method": "Completions"}
+    )
+    assert unread == 1
+
+
+def test_a_replica_names_its_http_port_after_an_equals_sign() -> None:
+    assert parse_replica("10.0.0.1:50051") == ("10.0.0.1:50051", None)
+    assert parse_replica("10.0.0.1:50051=8080") == ("10.0.0.1:50051", 8080)
+    assert parse_replica("replicas.svc:50051=8080") == ("replicas.svc:50051", 8080)
+    assert Replica("[::1]:50051", http_port=8080).http_address == "[::1]:8080"
+    assert Replica(A).http_address is None
+    for wrong in ("10.0.0.1:50051=", "10.0.0.1:50051=http", "10.0.0.1=8080", "h:1=70000"):
+        with pytest.raises(ValueError, match="expected HOST:PORT"):
+            parse_replica(wrong)
+    with pytest.raises(ValueError, match="HTTP_PORT"):
+        load_picker_settings(["--replica", "10.0.0.1:50051=http"])
 
 
 # --- the Envoy configuration ---------------------------------------------------------

@@ -51,12 +51,13 @@ class PickerMetrics:
         self.unread = Counter(
             "inference_picker_unread_bodies",
             "Routed requests whose body could not be read (compressed, not the message "
-            "it claims, or none): ranked without model or prompt.",
+            "it claims, not JSON the replica would take, or none): ranked without model "
+            "or prompt.",
             ["method"], registry=self.registry,
         )  # fmt: skip
         self.prompt_chars = Counter(
             "inference_picker_prompt_chars",
-            "Characters of the Generate prompts routed to a replica.",
+            "Characters of the Generate (and HTTP completions) prompts routed to a replica.",
             registry=self.registry,
         )
         self.prefix_chars = Counter(

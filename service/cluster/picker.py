@@ -7,10 +7,17 @@ metadata; a configuration that sends the headers too works as well, with one
 more round trip. From the body it reads the model and the prompt, ranks the
 replicas (`ranking`) and answers with one header, `x-inference-endpoint:
 best,next,...`, which Envoy's override-host load balancer follows: the first
-address, and the next on each retry. Any other method, or a body it cannot
-read, goes where Envoy's own least-request balancing sends it. If the picker
-is down or slow, Envoy does the same (failure_mode_allow), so serving goes on
-without it.
+address, and the next on each retry. A body it cannot read is ranked by load
+alone; any other method goes where Envoy's own least-request balancing sends
+it. If the picker is down or slow, Envoy does the same (failure_mode_allow), so
+serving goes on without it.
+
+OpenAI-compatible HTTP goes the same way (methods ChatCompletions and
+Completions: POST /v1/chat/completions and /v1/completions, the JSON body whole).
+The body becomes the GenerateRequest the replica itself will make of it (the
+replica's own translation, service.front.openai_api.requests), so a conversation
+hashes alike over gRPC and over HTTP and finds the same cached prefix; the
+replicas it names are their HTTP ports (`--replica HOST:PORT=HTTP_PORT`).
 
 Between two polls of the replicas' load, the requests it sent each count too.
 With --metrics-listen it serves Prometheus metrics (`metrics`): its decisions by
@@ -22,11 +29,12 @@ reason, their time, the replicas up, the polls' time.
 from __future__ import annotations
 
 import asyncio
+import json
 import random
 import signal
 import struct
 import time
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 
@@ -47,6 +55,8 @@ from service.cluster.prompt_blocks import Block, chained_blocks, generation_piec
 from service.cluster.ranking import ranked
 from service.cluster.replicas import ReplicaMonitor
 from service.cluster.settings import PickerSettings, load_picker_settings
+from service.errors import ServiceError
+from service.front.openai_api.requests import chat_request, completion_request
 from service.log import configure_logging
 
 log = structlog.get_logger("picker")
@@ -55,12 +65,20 @@ ENDPOINT_HEADER = "x-inference-endpoint"
 # Envoy's routes for the routed methods name the method in the ext_proc stream's
 # metadata, so the picker needs no headers message (envoy.yaml.j2).
 METHOD_METADATA = "x-inference-method"
-ROUTED: dict[str, type[Message]] = {
+GRPC_ROUTED: dict[str, type[Message]] = {
     "Generate": pb.GenerateRequest,
     "GenerateImage": pb.GenerateImageRequest,
     "Admit": pb.AdmitRequest,
 }
 SERVICE_PATH = "/inference.v1.Inference/"
+# OpenAI-compatible HTTP: each route's method, and how its JSON body becomes the
+# GenerateRequest the replica makes of it. GET /v1/models is not routed.
+HTTP_ROUTED: dict[str, Callable[[dict[str, object]], pb.GenerateRequest]] = {
+    "ChatCompletions": chat_request,
+    "Completions": completion_request,
+}
+HTTP_PATHS = {"/v1/chat/completions": "ChatCompletions", "/v1/completions": "Completions"}
+ROUTED = (*GRPC_ROUTED, *HTTP_ROUTED)
 _SKIP_BODY = processing_mode_pb2.ProcessingMode(
     request_body_mode=processing_mode_pb2.ProcessingMode.NONE
 )
@@ -84,6 +102,22 @@ def routing_input(message: Message) -> RoutingInput:
         return RoutingInput(message.model or None)
     assert isinstance(message, pb.AdmitRequest)
     return RoutingInput(message.model)
+
+
+def read_json_body(body: bytes, method: str) -> pb.GenerateRequest | None:
+    """The GenerateRequest an OpenAI-compatible HTTP body (of ChatCompletions or
+    Completions) asks for, as the replica will read it. None if it is not JSON, or
+    JSON the replica will refuse (it answers 400 wherever it goes)."""
+    try:
+        parsed = json.loads(body)
+    except ValueError:  # UnicodeDecodeError and JSONDecodeError alike
+        return None
+    if not isinstance(parsed, dict):
+        return None
+    try:
+        return HTTP_ROUTED[method](parsed)
+    except ServiceError:
+        return None
 
 
 def read_grpc_message(body: bytes, message_type: type[Message]) -> Message | None:
@@ -144,7 +178,6 @@ class _Exchange:
 
     def __init__(self, method: str) -> None:
         self.method = ""
-        self.message_type: type[Message] | None = None
         self.name(method)
         self.defer_headers = False  # Envoy sends the body before our headers answer
         self.headers_owed = False
@@ -152,7 +185,23 @@ class _Exchange:
 
     def name(self, method: str) -> None:
         self.method = method if method in ROUTED else ""
-        self.message_type = ROUTED.get(method)
+
+    @property
+    def routed(self) -> bool:
+        return bool(self.method)
+
+    @property
+    def http(self) -> bool:
+        """An OpenAI-compatible HTTP request: sent to the replicas' HTTP ports."""
+        return self.method in HTTP_ROUTED
+
+    def read(self, body: bytes) -> RoutingInput | None:
+        """What routing reads of the body; None if it cannot be read."""
+        if self.method in HTTP_ROUTED:
+            request = read_json_body(body, self.method)
+            return routing_input(request) if request is not None else None
+        message = read_grpc_message(body, GRPC_ROUTED[self.method])
+        return routing_input(message) if message is not None else None
 
 
 class EndpointPicker(ext_grpc.ExternalProcessorServicer):  # type: ignore[misc]  # untyped
@@ -209,7 +258,9 @@ class EndpointPicker(ext_grpc.ExternalProcessorServicer):  # type: ignore[misc] 
         path = _header(headers, ":path")
         if path.startswith(SERVICE_PATH):
             exchange.name(path.removeprefix(SERVICE_PATH))
-        if exchange.message_type is None:  # not routed: Envoy balances it
+        elif path.partition("?")[0] in HTTP_PATHS:
+            exchange.name(HTTP_PATHS[path.partition("?")[0]])
+        if not exchange.routed:  # not routed: Envoy balances it
             return [_headers_answer(_CLEAR_CLIENT_CHOICE, skip_body=True)]
         if headers.end_of_stream:  # no body at all: by load alone
             return [_headers_answer(self._decide(None, exchange))]
@@ -219,7 +270,7 @@ class EndpointPicker(ext_grpc.ExternalProcessorServicer):  # type: ignore[misc] 
         return [_headers_answer(_CLEAR_CLIENT_CHOICE)]
 
     def _on_body(self, body: ext.HttpBody, exchange: _Exchange) -> list[ext.ProcessingResponse]:
-        if exchange.decided or exchange.message_type is None:
+        if exchange.decided or not exchange.routed:
             return [_body_answer(ext.HeaderMutation())]
         choice = self._decide(body.body, exchange)
         if not exchange.headers_owed:
@@ -231,13 +282,13 @@ class EndpointPicker(ext_grpc.ExternalProcessorServicer):  # type: ignore[misc] 
         """The answer for a request whose body is `body` (None: it has none)."""
         started = time.perf_counter()
         exchange.decided = True
-        assert exchange.message_type is not None
-        message = read_grpc_message(body, exchange.message_type) if body is not None else None
-        routing = routing_input(message) if message else None
+        routing = exchange.read(body) if body is not None else None
         blocks = routing.blocks if routing else []
         model = routing.model if routing else None
         matched = self._table.matched_chars(blocks)
-        replicas = self._monitor.replicas.values()
+        replicas = list(self._monitor.replicas.values())
+        if exchange.http:  # only those whose HTTP port the picker knows
+            replicas = [replica for replica in replicas if replica.http_port is not None]
         ranking = ranked(replicas, model, matched, balance=self._balance, ties=self._ties)
         prefix_chars = matched.get(ranking.order[0], 0) if ranking.order else 0
         if ranking.order:
@@ -258,6 +309,9 @@ class EndpointPicker(ext_grpc.ExternalProcessorServicer):  # type: ignore[misc] 
             metrics.decided(exchange.method, ranking.reason, time.perf_counter() - started)
         if not ranking.order:
             return _CLEAR_CLIENT_CHOICE  # nothing known to be up: Envoy balances it
+        if exchange.http:
+            by_address = self._monitor.replicas
+            return _endpoint_choice([str(by_address[a].http_address) for a in ranking.order])
         return _endpoint_choice(ranking.order)
 
 
@@ -343,7 +397,7 @@ async def running_picker(settings: PickerSettings) -> AsyncIterator[RunningPicke
         on_poll=lambda outcome, seconds: metrics.polled(outcome, seconds),
     )
     metrics = PickerMetrics(
-        lambda: monitor.view, methods=tuple(ROUTED), prefix_capacity=settings.prefix_capacity
+        lambda: monitor.view, methods=ROUTED, prefix_capacity=settings.prefix_capacity
     )
     server = grpc.aio.server()
     picker = EndpointPicker(

@@ -8,6 +8,10 @@ picker sends it nothing until it answers SERVING again. The replica list is
 fixed (`host:port` addresses) or, for Kubernetes, a DNS name resolved again on
 every refresh (a headless Service's name gives one address per pod).
 
+A replica's address is its gRPC port's. One written `host:port=http_port` also
+serves OpenAI-compatible HTTP on `http_port` of the same host (its
+`--http-listen`): HTTP requests are routed to that port (`Replica.http_address`).
+
 After each refresh the monitor publishes `view`, a tuple of frozen
 `ReplicaView`s replaced whole, which the metrics thread reads without touching
 the dicts this event loop changes; each poll's outcome and time go to `on_poll`.
@@ -42,6 +46,7 @@ class Replica:
     (`routed`): those count at once, until the next poll reports them."""
 
     address: str
+    http_port: int | None = None  # its --http-listen port, if the picker was told it
     up: bool = False
     default_model: str = ""
     engines: dict[str, int] = field(default_factory=dict)  # loaded model -> engine pid
@@ -65,6 +70,13 @@ class Replica:
     def has_loaded(self, model: str) -> bool:
         return (model or self.default_model) in self.engines
 
+    @property
+    def http_address(self) -> str | None:
+        """HOST:PORT of its OpenAI-compatible HTTP port: its own host, that port."""
+        if self.http_port is None:
+            return None
+        return _join(parse_address(self.address)[0], self.http_port)
+
 
 @dataclass(frozen=True)
 class ReplicaView:
@@ -81,6 +93,18 @@ def parse_address(address: str) -> tuple[str, int]:
     if not sep or not host or not port.isdigit():
         raise ValueError(f"expected HOST:PORT, got {address!r}")
     return host.strip("[]"), int(port)
+
+
+def parse_replica(text: str) -> tuple[str, int | None]:
+    """`HOST:PORT` (a replica's gRPC port), or `HOST:PORT=HTTP_PORT` (and its HTTP
+    port, on the same host): (HOST:PORT, HTTP_PORT or None)."""
+    address, sep, http_port = text.partition("=")
+    parse_address(address)
+    if not sep:
+        return address, None
+    if not http_port.isdigit() or not 0 < int(http_port) < 65536:
+        raise ValueError(f"expected HOST:PORT=HTTP_PORT, got {text!r}")
+    return address, int(http_port)
 
 
 async def resolve(address: str) -> list[str]:
@@ -113,8 +137,9 @@ class ReplicaMonitor:
         on_poll: Callable[[str, float], None] = lambda outcome, seconds: None,
     ) -> None:
         self.replicas: dict[str, Replica] = {}
-        self._static = list(static)
-        self._dns = list(dns)
+        self._static = [parse_replica(text) for text in static]
+        self._dns = [parse_replica(text) for text in dns]
+        self._http_ports: dict[str, int | None] = {}  # address -> HTTP port, as last found
         self._interval = interval
         self._timeout = timeout
         self._on_lost = on_lost
@@ -140,20 +165,25 @@ class ReplicaMonitor:
         for gone in set(self.replicas) - set(addresses):
             self._drop(gone)
         for address in addresses:
-            self.replicas.setdefault(address, Replica(address))
+            replica = self.replicas.setdefault(address, Replica(address))
+            replica.http_port = self._http_ports.get(address)
         await asyncio.gather(*(self._poll(self.replicas[a]) for a in addresses))
         self.view = tuple(
             ReplicaView(r.address, r.up, r.running, r.waiting) for r in self.replicas.values()
         )
 
     async def _addresses(self) -> list[str]:
-        found = list(self._static)
-        for name in self._dns:
+        found = [address for address, _ in self._static]
+        self._http_ports.update(self._static)
+        for name, http_port in self._dns:
             try:
-                found += await resolve(name)
+                resolved = await resolve(name)
             except OSError as exc:  # keep what we had: DNS hiccups should not empty the list
                 log.warning("cannot resolve replicas", name=name, error=str(exc))
                 found += [a for a in self.replicas if a not in found]
+                continue
+            found += resolved
+            self._http_ports.update(dict.fromkeys(resolved, http_port))
         return list(dict.fromkeys(found))
 
     def _drop(self, address: str) -> None:

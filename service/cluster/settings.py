@@ -6,8 +6,10 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Literal
 
-from pydantic import Field, SecretStr
+from pydantic import Field, SecretStr, field_validator
 from pydantic_settings import BaseSettings, CliApp, SettingsConfigDict
+
+from service.cluster.replicas import parse_replica
 
 LogFormat = Literal["auto", "json", "console"]
 LogLevel = Literal["debug", "info", "warning", "error"]
@@ -24,12 +26,15 @@ class PickerSettings(BaseSettings):
         default="127.0.0.1:50070", description="Address to serve ext_proc and health on."
     )
     replica: list[str] = Field(
-        default_factory=list, description="A replica's HOST:PORT; repeatable."
+        default_factory=list,
+        description="A replica's HOST:PORT (its gRPC port), or HOST:PORT=HTTP_PORT where it "
+        "also serves OpenAI-compatible HTTP (its --http-listen port): HTTP requests Envoy "
+        "sends go there; repeatable.",
     )
     replicas_dns: list[str] = Field(
         default_factory=list,
-        description="NAME:PORT resolved on every refresh, one replica per address "
-        "(a Kubernetes headless Service); repeatable.",
+        description="NAME:PORT (or NAME:PORT=HTTP_PORT, as --replica) resolved on every "
+        "refresh, one replica per address (a Kubernetes headless Service); repeatable.",
     )
     replica_token: SecretStr | None = Field(
         default=None,
@@ -62,6 +67,13 @@ class PickerSettings(BaseSettings):
     )
     log_format: LogFormat = Field(default="auto", description="JSON or console log lines.")
     log_level: LogLevel = Field(default="info", description="The least severe level written.")
+
+    @field_validator("replica", "replicas_dns")
+    @classmethod
+    def _replicas(cls, value: list[str]) -> list[str]:
+        for text in value:
+            parse_replica(text)  # ValueError: pydantic names the flag
+        return value
 
 
 def load_picker_settings(argv: Sequence[str] | None = None) -> PickerSettings:
