@@ -522,6 +522,12 @@ def test_a_replica_names_its_http_port_after_an_equals_sign() -> None:
         ["--replica", "127.0.0.1:50061", "--replica", "127.0.0.1:50062"],
         ["--replicas-dns", "inference-replicas.inference.svc.cluster.local:50051"],
         ["--replica", "127.0.0.1:50061", "--picker", "none"],
+        [
+            *("--replica", "127.0.0.1:50100=50200", "--replica", "127.0.0.1:50101=50201"),
+            *("--http-listen", "127.0.0.1:50061"),
+        ],
+        ["--replicas-dns", "replicas.svc:50051=8080", "--http-listen", "0.0.0.0:8080"],
+        ["--replica", "127.0.0.1:50100=50200", "--http-listen", "[::1]:8080", "--picker", "none"],
     ],
 )
 def test_envoy_accepts_the_rendered_configuration(tmp_path: Path, arguments: list[str]) -> None:
@@ -551,6 +557,19 @@ def test_the_configuration_names_every_replica_and_the_picker_only_when_there_is
 def test_a_cluster_without_replicas_is_refused() -> None:
     with pytest.raises(SystemExit, match="name the replicas"):
         layout_from_args([])
+
+
+def test_the_http_listener_and_its_replicas_are_there_only_when_asked_for() -> None:
+    grpc_only = render(layout_from_args(["--replica", f"{A}=8080"]))
+    assert "replicas_http" not in grpc_only
+    assert grpc_only == render(layout_from_args(["--replica", A]))
+    both = render(layout_from_args(["--replica", f"{A}=8080", "--http-listen", "0.0.0.0:8000"]))
+    assert "port_value: 8000" in both  # the listener
+    assert "address: 10.0.0.1, port_value: 8080" in both  # the replica's HTTP port
+    assert "value: ChatCompletions" in both
+    assert "request_body_mode: BUFFERED_PARTIAL" in both
+    with pytest.raises(SystemExit, match="every replica's HTTP port"):
+        layout_from_args(["--replica", A, "--http-listen", "0.0.0.0:8000"])
 
 
 def test_the_prefix_chain_is_keyed_by_the_model() -> None:

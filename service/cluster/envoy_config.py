@@ -5,6 +5,11 @@
 
 or, in Kubernetes, `--replicas-dns inference-replicas:50051` (a headless
 Service: Envoy resolves it to one endpoint per pod).
+
+With `--http-listen HOST:PORT` Envoy also serves the replicas' OpenAI-compatible
+HTTP there, through the same picker: name each replica's HTTP port too, as
+`--replica 10.0.0.5:50051=8080` (or `--replicas-dns NAME:50051=8080`), and give
+the picker the same replica arguments.
 """
 
 from __future__ import annotations
@@ -17,11 +22,13 @@ from pathlib import Path
 
 import jinja2
 
-from service.cluster.replicas import parse_address
+from service.cluster.replicas import parse_address, parse_replica
 
 TEMPLATE = Path(__file__).with_name("envoy.yaml.j2")
 # The RPCs the picker places; the rest go where Envoy's least-request sends them.
 ROUTED_METHODS = ("Generate", "GenerateImage", "Admit")
+# The OpenAI-compatible HTTP paths the picker places, and the method each names to it.
+HTTP_ROUTES = (("/v1/chat/completions", "ChatCompletions"), ("/v1/completions", "Completions"))
 
 
 @dataclass(frozen=True)
@@ -54,6 +61,15 @@ class Endpoints:
 
 
 @dataclass(frozen=True)
+class HttpLayout:
+    """Envoy's OpenAI-compatible HTTP listener, and each replica's HTTP port: the
+    replica's host, in the order of EnvoyLayout.replicas."""
+
+    listen: Address
+    ports: tuple[int, ...]
+
+
+@dataclass(frozen=True)
 class EnvoyLayout:
     listen: Address
     replicas: Endpoints
@@ -63,6 +79,11 @@ class EnvoyLayout:
     health_interval: float = 1.0
     picker_timeout_ms: int = 200
     stream_idle_timeout: int = 900
+    http: HttpLayout | None = None  # None: gRPC only
+
+    def __post_init__(self) -> None:
+        if self.http is not None and len(self.http.ports) != len(self.replicas.addresses):
+            raise ValueError("an HTTP listener needs every replica's HTTP port")
 
 
 def render(layout: EnvoyLayout) -> str:
@@ -70,6 +91,7 @@ def render(layout: EnvoyLayout) -> str:
         undefined=jinja2.StrictUndefined, keep_trailing_newline=True, autoescape=False
     )
     template = environment.from_string(TEMPLATE.read_text())
+    http = layout.http
     return template.render(
         listen=layout.listen,
         admin=layout.admin,
@@ -84,6 +106,15 @@ def render(layout: EnvoyLayout) -> str:
         picker_timeout_ms=layout.picker_timeout_ms,
         stream_idle_timeout=layout.stream_idle_timeout,
         routed_methods=ROUTED_METHODS,
+        http=http
+        and {
+            "listen": http.listen,
+            "routes": HTTP_ROUTES,
+            "replicas": [
+                Address(address.host, port)
+                for address, port in zip(layout.replicas.addresses, http.ports, strict=True)
+            ],
+        },
     )
 
 
@@ -95,10 +126,23 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--listen", default="127.0.0.1:50060", help="Envoy's gRPC HOST:PORT.")
     parser.add_argument(
-        "--replica", action="append", default=[], help="A replica's HOST:PORT; repeatable."
+        "--http-listen",
+        default=None,
+        metavar="HOST:PORT",
+        help="Envoy's OpenAI-compatible HTTP HOST:PORT (default: none, gRPC only); every "
+        "replica then needs its HTTP port, HOST:PORT=HTTP_PORT.",
     )
     parser.add_argument(
-        "--replicas-dns", action="append", default=[], help="NAME:PORT of all replicas."
+        "--replica",
+        action="append",
+        default=[],
+        help="A replica's HOST:PORT, or HOST:PORT=HTTP_PORT; repeatable.",
+    )
+    parser.add_argument(
+        "--replicas-dns",
+        action="append",
+        default=[],
+        help="NAME:PORT (or NAME:PORT=HTTP_PORT) of all replicas.",
     )
     parser.add_argument(
         "--picker", default="127.0.0.1:50070", help="The picker's HOST:PORT ('none': no picker)."
@@ -110,15 +154,25 @@ def build_parser() -> argparse.ArgumentParser:
 
 def layout_from_args(argv: Sequence[str] | None = None) -> EnvoyLayout:
     args = build_parser().parse_args(argv)
-    replicas = [Address.parse(text) for text in args.replica + args.replicas_dns]
-    if not replicas:
+    try:
+        specs = [parse_replica(text) for text in args.replica + args.replicas_dns]
+    except ValueError as exc:
+        raise SystemExit(str(exc)) from exc
+    if not specs:
         raise SystemExit("name the replicas: --replica HOST:PORT or --replicas-dns NAME:PORT")
+    http = None
+    if args.http_listen:
+        ports = [port for _, port in specs if port is not None]
+        if len(ports) != len(specs):
+            raise SystemExit("--http-listen: name every replica's HTTP port, HOST:PORT=HTTP_PORT")
+        http = HttpLayout(Address.parse(args.http_listen), tuple(ports))
     return EnvoyLayout(
         listen=Address.parse(args.listen),
-        replicas=Endpoints(replicas),
+        replicas=Endpoints([Address.parse(address) for address, _ in specs]),
         picker=None if args.picker == "none" else Address.parse(args.picker),
         admin=Address.parse(args.admin),
         retries=args.retries,
+        http=http,
     )
 
 
