@@ -28,14 +28,16 @@ SERVE_HTTP_LISTEN ?= 127.0.0.1:8080
 serve:
 	$(BIN)/inference-server --http-listen $(SERVE_HTTP_LISTEN)
 
-# CLUSTER_REPLICAS replicas, the endpoint picker and Envoy on loopback; clients
-# connect to CLUSTER_LISTEN. CLUSTER_ARGS go to every replica (server flags).
+# CLUSTER_REPLICAS replicas, the endpoint picker and Envoy on loopback; gRPC clients
+# connect to CLUSTER_LISTEN, OpenAI-compatible HTTP clients to CLUSTER_HTTP_LISTEN
+# (none: gRPC only). CLUSTER_ARGS go to every replica (server flags).
 CLUSTER_REPLICAS ?= 3
 CLUSTER_LISTEN ?= 127.0.0.1:50060
+CLUSTER_HTTP_LISTEN ?= 127.0.0.1:50061
 CLUSTER_ARGS ?=
 cluster:
 	$(BIN)/inference-cluster --replicas $(CLUSTER_REPLICAS) --listen $(CLUSTER_LISTEN) \
-		-- $(CLUSTER_ARGS)
+		--http-listen $(CLUSTER_HTTP_LISTEN) -- $(CLUSTER_ARGS)
 
 test:
 	$(BIN)/python -m pytest

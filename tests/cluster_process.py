@@ -1,8 +1,12 @@
 """`inference-cluster` in a child process: real replicas, the real picker and a
-real Envoy on loopback, for the scale-out tests."""
+real Envoy on loopback, for the scale-out tests.
+
+Starting one takes a while, so the test modules that can share one do
+(`shared_cluster`): test_cluster.py's and test_cluster_http.py's."""
 
 from __future__ import annotations
 
+import atexit
 import json
 import os
 import signal
@@ -11,7 +15,7 @@ import sys
 import threading
 import time
 from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -48,8 +52,18 @@ class ClusterProcess:
         return str(self.ready["listen"])
 
     @property
+    def http_listen(self) -> str:
+        """Envoy's OpenAI-compatible HTTP listener."""
+        return str(self.ready["http_listen"])
+
+    @property
     def replicas(self) -> list[str]:
         return [replica["address"] for replica in self.ready["replicas"]]
+
+    @property
+    def http_addresses(self) -> dict[str, str]:
+        """Each replica's gRPC address -> its HTTP address."""
+        return {r["address"]: r["http_address"] for r in self.ready["replicas"]}
 
     def pid(self, replica: str) -> int:
         return next(int(r["pid"]) for r in self.ready["replicas"] if r["address"] == replica)
@@ -71,6 +85,7 @@ def cluster_process(replicas: int, server_args: Sequence[str] = ()) -> Iterator[
     command = [
         sys.executable, "-m", "service.cluster.launcher", "--replicas", str(replicas),
         "--listen", "127.0.0.1:0", "--replica-base-port", "0", "--picker-listen", "127.0.0.1:0",
+        "--http-listen", "127.0.0.1:0", "--replica-http-base-port", "0",
         "--poll-interval", str(POLL_INTERVAL), "--envoy-threads", "1", "--log-format", "json",
         "--", "--threads", "1", *server_args,
     ]  # fmt: skip
@@ -92,6 +107,20 @@ def cluster_process(replicas: int, server_args: Sequence[str] = ()) -> Iterator[
         reader.join(timeout=10)
         assert process.stderr is not None
         process.stderr.close()
+
+
+_shared: dict[int, ClusterProcess] = {}
+_stopping = ExitStack()
+atexit.register(_stopping.close)
+
+
+def shared_cluster(replicas: int = 3) -> ClusterProcess:
+    """A cluster for every test module that asks for one of this size, started by
+    the first and stopped when the test process exits (or started again if it died)."""
+    running = _shared.get(replicas)
+    if running is None or running.process.poll() is not None:
+        running = _shared[replicas] = _stopping.enter_context(cluster_process(replicas))
+    return running
 
 
 def served_by(call: grpc.Call) -> str:

@@ -2,12 +2,15 @@
 
     inference-cluster --replicas 3 --listen 127.0.0.1:50060 -- --max-concurrent 4
 
-Everything after `--` goes to every replica (`inference-server` flags). The
-replicas listen on consecutive ports from --replica-base-port; a port of 0
-anywhere picks a free one. When all is up, one `cluster ready` log line names
-every address and pid. Ctrl-C or SIGTERM drains the replicas (their in-flight
-streams finish, through Envoy), then stops the picker and Envoy. A replica that
-dies is not restarted: Envoy and the picker route around it.
+Everything after `--` goes to every replica (`inference-server` flags). Envoy
+serves gRPC on --listen and OpenAI-compatible HTTP on --http-listen, both placed
+by the same picker. The replicas listen for gRPC on consecutive ports from
+--replica-base-port and for HTTP (their --http-listen) on consecutive ports from
+--replica-http-base-port; a port of 0 anywhere picks a free one. When all is up,
+one `cluster ready` log line names every address and pid. Ctrl-C or SIGTERM
+drains the replicas (their in-flight streams finish, through Envoy), then stops
+the picker and Envoy. A replica that dies is not restarted: Envoy and the picker
+route around it.
 """
 
 from __future__ import annotations
@@ -34,13 +37,15 @@ import grpc
 import structlog
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from service.cluster.envoy_config import Address, Endpoints, EnvoyLayout, render
+from service.cluster.envoy_config import Address, Endpoints, EnvoyLayout, HttpLayout, render
 from service.log import configure
 
 log = structlog.get_logger("cluster")
 
 PR_SET_PDEATHSIG = 1
 START_TIMEOUT = 120.0
+# A replica's HTTP port, by default: its gRPC port's + 100.
+HTTP_PORT_OFFSET = 100
 
 
 @dataclass
@@ -48,9 +53,13 @@ class Child:
     role: str
     address: str
     process: subprocess.Popen[bytes]
+    http_address: str | None = None  # a replica's OpenAI-compatible HTTP port
 
     def describe(self) -> dict[str, object]:
-        return {"address": self.address, "pid": self.process.pid}
+        described: dict[str, object] = {"address": self.address, "pid": self.process.pid}
+        if self.http_address is not None:
+            described["http_address"] = self.http_address
+        return described
 
 
 def _terminate_with_launcher() -> None:
@@ -92,23 +101,33 @@ class Cluster:
         self.picker: Child | None = None
         self.envoy: Child | None = None
         self.listen = ""
+        self.http_listen = ""
         self.admin = ""
         self._picker_command: list[str] = []
 
-    def _spawn(self, role: str, address: str, command: list[str]) -> Child:
+    def _spawn(
+        self, role: str, address: str, command: list[str], http_address: str | None = None
+    ) -> Child:
         # preexec_fn is safe here: the launcher runs no threads.
         process = subprocess.Popen(command, preexec_fn=_terminate_with_launcher)
-        log.info("started", role=role, address=address, pid=process.pid)
-        return Child(role, address, process)
+        extra = {"http_address": http_address} if http_address else {}
+        log.info("started", role=role, address=address, pid=process.pid, **extra)
+        return Child(role, address, process, http_address)
 
     def start(self) -> None:
         host = self.args.replica_host
-        base = self.args.replica_base_port
-        ports = [base + i if base else free_port(host) for i in range(self.args.replicas)]
-        for port in ports:
+        for port, http_port in zip(
+            _ports(host, self.args.replica_base_port, self.args.replicas),
+            _ports(host, self.args.replica_http_base_port, self.args.replicas),
+            strict=True,
+        ):
             address = _address(host, port)
             command = [sys.executable, "-m", "service.front", "--listen", address]
-            self.replicas.append(self._spawn("replica", address, command + self.args.server_args))
+            http_address = _address(host, http_port) if self.args.http_listen else None
+            if http_address:
+                command += ["--http-listen", http_address]
+            command += self.args.server_args
+            self.replicas.append(self._spawn("replica", address, command, http_address))
         if self.args.no_picker:
             self._start_envoy(None)
             return
@@ -119,17 +138,22 @@ class Cluster:
         if self.args.picker_metrics_listen:
             picker_command += ["--metrics-listen", self.args.picker_metrics_listen]
         for replica in self.replicas:
-            picker_command += ["--replica", replica.address]
+            picker_command += ["--replica", _replica_spec(replica)]
         self._picker_command = picker_command
         self.picker = self._spawn("picker", _address(picker.host, picker.port), picker_command)
         self._start_envoy(picker)
 
     def _start_envoy(self, picker: Address | None) -> None:
+        http = None
+        if self.args.http_listen:
+            ports = tuple(Address.parse(str(r.http_address)).port for r in self.replicas)
+            http = HttpLayout(Address.parse(self.args.http_listen), ports)
         layout = EnvoyLayout(
             listen=Address.parse(self.args.listen),
             replicas=Endpoints([Address.parse(r.address) for r in self.replicas]),
             picker=picker,
             admin=Address("127.0.0.1", 0),
+            http=http,
         )
         config = self.workdir / "envoy.yaml"
         config.write_text(render(layout))
@@ -140,13 +164,18 @@ class Cluster:
         command += ["--concurrency", str(self.args.envoy_threads)]
         self.envoy = self._spawn("envoy", self.args.listen, command)
         self.admin = self._wait_for(lambda: _read(admin_file), "Envoy's admin address")
-        self.listen = self._wait_for(self._listener_address, "Envoy's listener")
+        self.listen = self._wait_for(lambda: self._listener_address("grpc"), "Envoy's listener")
+        if http is not None:
+            self.http_listen = self._wait_for(
+                lambda: self._listener_address("http"), "Envoy's HTTP listener"
+            )
         self.envoy.address = self.listen
 
-    def _listener_address(self) -> str:
+    def _listener_address(self, name: str) -> str:
         with urllib.request.urlopen(f"http://{self.admin}/listeners?format=json", timeout=2) as r:
             listeners = json.load(r)["listener_statuses"]
-        socket_address = listeners[0]["local_address"]["socket_address"]
+        (listener,) = (found for found in listeners if found["name"] == name)
+        socket_address = listener["local_address"]["socket_address"]
         return _address(socket_address["address"], socket_address["port_value"])
 
     def _wait_for(self, probe: Callable[[], object], what: str) -> str:
@@ -176,11 +205,13 @@ class Cluster:
         with urllib.request.urlopen(f"http://{self.admin}/clusters", timeout=2) as answer:
             lines = answer.read().decode().splitlines()
         healthy = {
-            line.split("::")[1]
+            (line.split("::")[0], line.split("::")[1])
             for line in lines
-            if line.startswith("replicas::") and line.endswith("::health_flags::healthy")
+            if line.endswith("::health_flags::healthy")
         }
-        return healthy >= {replica.address for replica in self.replicas}
+        wanted = {("replicas", replica.address) for replica in self.replicas}
+        wanted |= {("replicas_http", r.http_address) for r in self.replicas if r.http_address}
+        return healthy >= wanted
 
     def _check_alive(self) -> None:
         for child in (self.picker, self.envoy):
@@ -201,6 +232,7 @@ class Cluster:
         log.info(
             "cluster ready",
             listen=self.listen,
+            http_listen=self.http_listen or None,
             admin=self.admin,
             replicas=[r.describe() for r in self.replicas],
             picker=self.picker.describe() if self.picker else None,
@@ -239,6 +271,18 @@ class Cluster:
         log.info("cluster stopped")
 
 
+def _ports(host: str, base: int, count: int) -> list[int]:
+    """`count` consecutive ports from `base`; base 0: free ones."""
+    return [base + i if base else free_port(host) for i in range(count)]
+
+
+def _replica_spec(replica: Child) -> str:
+    """The picker's --replica: HOST:PORT, and =HTTP_PORT where it serves HTTP."""
+    if replica.http_address is None:
+        return replica.address
+    return f"{replica.address}={Address.parse(replica.http_address).port}"
+
+
 def _read(path: Path) -> str:
     return path.read_text().strip() if path.exists() else ""
 
@@ -275,12 +319,30 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--listen", default="127.0.0.1:50060", help="Where Envoy serves gRPC (default %(default)s)."
     )
+    parser.add_argument(
+        "--http-listen",
+        default="127.0.0.1:50061",
+        metavar="HOST:PORT",
+        help="Where Envoy serves the OpenAI-compatible HTTP API (/v1/chat/completions, "
+        "/v1/completions, /v1/models), placed by the picker as gRPC is; each replica "
+        "serves it on its own --http-listen port. 'none': gRPC only "
+        "(default %(default)s).",
+    )
     parser.add_argument("--replica-host", default="127.0.0.1", help="The replicas' host.")
     parser.add_argument(
         "--replica-base-port",
         type=int,
-        default=50061,
-        help="The first replica's port, the next one's +1, ... (0: free ports).",
+        default=50100,
+        help="The first replica's gRPC port, the next one's +1, ... (0: free ports; "
+        "default %(default)s).",
+    )
+    parser.add_argument(
+        "--replica-http-base-port",
+        type=int,
+        default=None,
+        help="The first replica's HTTP port (its --http-listen), the next one's +1, ... "
+        "(0: free ports; default: --replica-base-port + 100, so 50200, or free ports "
+        "where those are).",
     )
     parser.add_argument(
         "--picker-listen", default="127.0.0.1:50070", help="Where the picker listens."
@@ -325,6 +387,11 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         args.server_args = args.server_args[1:]
     if args.replicas < 1:
         raise SystemExit("--replicas must be at least 1")
+    if args.http_listen == "none":
+        args.http_listen = None
+    if args.replica_http_base_port is None:
+        base = args.replica_base_port
+        args.replica_http_base_port = base + HTTP_PORT_OFFSET if base else 0
     args.server_args += ["--grace-period", str(args.grace_period)]
     return args
 
