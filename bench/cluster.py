@@ -132,7 +132,7 @@ def ready_addresses(line: str) -> ClusterAddresses | None:
 
 def launcher_command(replicas: int, server_flags: Sequence[str], *, picker: bool) -> list[str]:
     command = [sys.executable, "-m", "service.cluster.launcher", "--replicas", str(replicas)]
-    command += ["--listen", "127.0.0.1:0", "--replica-base-port", "0"]
+    command += ["--listen", "127.0.0.1:0", "--replica-base-port", "0", "--http-listen", "none"]
     command += ["--picker-listen", "127.0.0.1:0", "--log-format", "json"]
     return command + ([] if picker else ["--no-picker"]) + ["--", *server_flags]
 
