@@ -7,6 +7,7 @@ calls. Everything here goes over real HTTP to the same process that serves gRPC.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import re
 import shutil
@@ -350,3 +351,23 @@ def test_tls_serves_https_with_the_grpc_port_s_certificate(tmp_path: Path) -> No
         assert SMOLLM in {model.id for model in client.models.list()}
         with pytest.raises(httpx.RemoteProtocolError):  # no plaintext HTTP there
             httpx.get(url.replace("https", "http") + "/models")
+
+
+def test_draining_refuses_new_requests_and_lets_a_running_stream_finish() -> None:
+    running = RunningServer(make_settings(http_listen="127.0.0.1:0"))
+    url = base_url(running) + "/chat/completions"
+    body = {"model": SMOLLM, "messages": QUESTION, "max_tokens": 40, "stream": True}
+    with httpx.Client(timeout=120) as http, http.stream("POST", url, json=body) as reply:
+        lines = reply.iter_lines()
+        assert next(line for line in lines if line.startswith("data: "))
+        stopping = asyncio.run_coroutine_threadsafe(running.server.stop(grace=60), running._loop)
+        deadline = time.monotonic() + 30
+        while not running.server.http._draining and time.monotonic() < deadline:  # type: ignore[union-attr]
+            time.sleep(0.01)
+        refused = http.post(url, json={**body, "stream": False})
+        assert refused.status_code == 503
+        assert "draining" in refused.json()["error"]["message"]
+        rest = list(lines)  # the stream in flight runs to its end
+    assert rest[-2:] == ["data: [DONE]", ""] or rest[-1] == "data: [DONE]"
+    stopping.result(timeout=60)
+    running._loop.call_soon_threadsafe(running._loop.stop)

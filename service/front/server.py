@@ -213,9 +213,12 @@ class InferenceServer:
         await self.health.enter_graceful_shutdown()
         if self._warm_task is not None:
             self._warm_task.cancel()
-        await self._server.stop(self.settings.grace_period if grace is None else grace)
+        seconds = self.settings.grace_period if grace is None else grace
+        # Both ports drain at once: new requests refused, those in flight given `seconds`.
+        draining = [self._server.stop(seconds)]
         if self.http is not None:
-            await self.http.stop()
+            draining.append(self.http.drain(seconds))
+        await asyncio.gather(*draining)
         if self._health_server is not None:
             await self._health_server.stop(0)
         self.metrics.stop()

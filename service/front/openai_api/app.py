@@ -14,6 +14,8 @@ cancels its handler (aiohttp's handler cancellation), and with it the generation
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import functools
 import json
 import ssl
@@ -26,7 +28,7 @@ import structlog
 from aiohttp import web
 
 from inference.v1 import inference_pb2 as pb
-from service.errors import InvalidRequest, ServiceError
+from service.errors import InvalidRequest, ServiceError, Unavailable
 from service.front.openai_api.errors import described, error_body, http_status
 from service.front.openai_api.requests import (
     Body,
@@ -47,6 +49,7 @@ log = structlog.get_logger("http")
 Summary = dict[str, Any]
 GenerateEvents = Callable[[pb.GenerateRequest, Summary], AsyncIterator[pb.GenerateResponse]]
 ListModels = Callable[[pb.ListModelsRequest, Summary], Awaitable[pb.ListModelsResponse]]
+Work = Callable[["_Outcome"], Awaitable[web.StreamResponse]]
 
 
 def below_grpc(servicer: Any) -> tuple[GenerateEvents, ListModels]:
@@ -81,6 +84,9 @@ class OpenAiHttp:
             ]
         )
         self._runner: web.AppRunner | None = None
+        self._draining = False
+        self._in_flight = 0
+        self._idle = asyncio.Event()
         self.port: int | None = None
 
     async def start(self, host: str, port: int, tls: ssl.SSLContext | None = None) -> int:
@@ -93,10 +99,28 @@ class OpenAiHttp:
         self.port = int(self._runner.addresses[0][1])
         return self.port
 
-    async def stop(self, grace_seconds: float = 0.0) -> None:
+    async def drain(self, grace_seconds: float) -> None:
+        """Answer new requests 503 (a proxy retries them elsewhere) and give those in
+        flight up to `grace_seconds` to finish; then stop listening. What is still
+        running then is cancelled, and its generation with it."""
+        self._draining = True
+        if self._in_flight:
+            self._idle.clear()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._idle.wait(), grace_seconds)
         if self._runner is not None:
             await self._runner.shutdown()
             await self._runner.cleanup()
+
+    def _enter(self) -> None:
+        if self._draining:
+            raise Unavailable("the server is draining; retry on another replica")
+        self._in_flight += 1
+
+    def _leave(self) -> None:
+        self._in_flight -= 1
+        if not self._in_flight:
+            self._idle.set()
 
     # --- handlers ---------------------------------------------------------------------
 
@@ -117,7 +141,7 @@ class OpenAiHttp:
             return outcome.json(reply.whole())
 
         name = "ChatCompletions" if chat else "Completions"
-        return await _Outcome(name, request, self._auth, self._metrics).answer(work)
+        return await _Outcome(name, request, self._auth, self._metrics).answer(self._counted(work))
 
     async def _models(self, request: web.Request) -> web.StreamResponse:
         async def work(outcome: _Outcome) -> web.StreamResponse:
@@ -129,6 +153,18 @@ class OpenAiHttp:
             return outcome.json({"object": "list", "data": models})
 
         return await _Outcome("Models", request, self._auth, self._metrics).answer(work)
+
+    def _counted(self, work: Work) -> Work:
+        """`work`, refused while draining and counted while it runs."""
+
+        async def counted(outcome: _Outcome) -> web.StreamResponse:
+            self._enter()
+            try:
+                return await work(outcome)
+            finally:
+                self._leave()
+
+        return counted
 
 
 async def _json_body(request: web.Request) -> Body:
@@ -163,9 +199,7 @@ class _Outcome:
         self._started = time.monotonic()
         self._stream: web.StreamResponse | None = None
 
-    async def answer(
-        self, work: Callable[[_Outcome], Awaitable[web.StreamResponse]]
-    ) -> web.StreamResponse:
+    async def answer(self, work: Work) -> web.StreamResponse:
         structlog.contextvars.clear_contextvars()  # this request's task has a context of its own
         structlog.contextvars.bind_contextvars(request_id=self.request_id)
         if self._metrics is not None:
