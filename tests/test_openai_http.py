@@ -346,9 +346,12 @@ def test_tls_serves_https_with_the_grpc_port_s_certificate(tmp_path: Path) -> No
     with serving(settings) as (server, _):
         assert server.server.http is not None
         url = f"https://localhost:{server.server.http.port}/v1"
-        trusting = httpx.Client(verify=ssl.create_default_context(cafile=str(pki.ca.cert)))
-        client = openai.OpenAI(base_url=url, api_key="none", http_client=trusting, max_retries=0)
-        assert SMOLLM in {model.id for model in client.models.list()}
+        verify = ssl.create_default_context(cafile=str(pki.ca.cert))
+        with httpx.Client(verify=verify) as trusting:
+            client = openai.OpenAI(
+                base_url=url, api_key="none", http_client=trusting, max_retries=0
+            )
+            assert SMOLLM in {model.id for model in client.models.list()}
         with pytest.raises(httpx.RemoteProtocolError):  # no plaintext HTTP there
             httpx.get(url.replace("https", "http") + "/models")
 
