@@ -18,6 +18,7 @@ from service.engine.model_options import ModelOptions
 from service.engine.options import EngineOptions
 from service.front.conversion import generation_request
 from service.images.requests import ImageLimits, ImageRequest
+from service.text.requests import GenerationLimits
 
 ERRORS = [
     errors.InvalidRequest,
@@ -67,6 +68,36 @@ def test_a_generation_request_crosses_with_its_grammar_compiled_once() -> None:
     assert crossed == request
     assert crossed.grammar == request.grammar
     assert (generate.id, generate.request_id) == (7, "trace-1")
+
+
+def test_the_engine_takes_the_front_s_request_without_checking_it_again() -> None:
+    """The socket carries the engine's TextRequest: the compiled grammar and no
+    response_format; a value the front's settings allowed (more top_logprobs than
+    the default limit, a tool turn with its call) crosses unchanged."""
+    call = pb.ToolCall(id="call_1", name="f", arguments_json='{"x": 1}')
+    message = pb.GenerateRequest(
+        messages=[
+            pb.ChatMessage(role="user", content="Hi"),
+            pb.ChatMessage(role="assistant", tool_calls=[call]),
+            pb.ChatMessage(role="tool", tool_call_id="call_1", name="f", content="2"),
+        ],
+        tools=[pb.Tool(name="f", parameters_json='{"type": "object"}')],
+        logprobs=True,
+        top_logprobs=50,
+        seed=0,
+        top_k=0,
+    )
+    request = generation_request(message, GenerationLimits(max_top_logprobs=64))
+    text = wire.generate_message(1, request, 0.0, request_id="r").generate.text
+    assert not text.HasField("prompt")
+    assert not text.HasField("grammar")
+    # Zeros the client set stay set: an unset field would mean the model's default.
+    assert text.sampling.HasField("seed")
+    assert text.sampling.HasField("top_k")
+    assert not text.sampling.HasField("temperature")
+    crossed = wire.generation_request(epb.Generate(text=text))
+    assert crossed == request
+    assert crossed.top_logprobs == 50
 
 
 def test_an_image_request_crosses_with_its_seed() -> None:

@@ -1,13 +1,18 @@
 """Requests and outcomes in the engine contract's messages (protos/inference/engine).
 
-A request crosses as the client's own message, which the front validated,
-plus what the front computed from it (the compiled grammar, the image seed).
+A text request crosses as the engine's own `TextRequest`: what the front
+validated and computed (the compiled grammar), which the engine takes at its
+word. An image request crosses as the client's message, which the front
+validated, with the seed it drew.
 An outcome crosses as a status code and message: a `ServiceError` keeps its
 code and words; anything else is a bug of ours, logged with its traceback in
 the engine, and the client gets INTERNAL with a generic message.
 """
 
 from __future__ import annotations
+
+from dataclasses import fields
+from typing import Any
 
 import grpc
 import structlog
@@ -17,7 +22,13 @@ from inference.v1 import inference_pb2 as pb
 from service import errors
 from service.errors import INTERNAL_MESSAGE
 from service.images.requests import ImageRequest, RenderedImage
-from service.text.requests import GenerationLimits, GenerationRequest, Grammar
+from service.text.requests import (
+    ChatMessage,
+    GenerationRequest,
+    Grammar,
+    SamplingOverrides,
+    Tool,
+)
 
 log = structlog.get_logger("engine")
 
@@ -63,24 +74,71 @@ def generate_message(
     socket_id: int, request: GenerationRequest, received_at: float, *, request_id: str
 ) -> epb.ToEngine:
     """`socket_id` keys the request on this socket; `request_id` is the RPC's, for logs."""
-    if request.message is None:
-        raise ValueError("an engine process serves requests converted from their message")
     generate = epb.Generate(
-        id=socket_id, received_at=received_at, request=request.message, request_id=request_id
+        id=socket_id, received_at=received_at, request_id=request_id, text=text_request(request)
     )
-    if request.grammar is not None:
-        generate.grammar = request.grammar.text
-        generate.grammar_branches = request.grammar.branches
     return epb.ToEngine(generate=generate)
 
 
+def text_request(request: GenerationRequest) -> epb.TextRequest:
+    """The validated request as the engine takes it."""
+    message = epb.TextRequest(
+        model=request.model,
+        messages=[turn.to_pb() for turn in request.messages],
+        stop=request.stop,
+        sampling=_sampling_pb(request.sampling),
+        tools=[tool.to_pb() for tool in request.tools],
+        logprobs=request.logprobs,
+        top_logprobs=request.top_logprobs,
+    )
+    if request.prompt is not None:
+        message.prompt = request.prompt
+    if request.max_tokens is not None:
+        message.max_tokens = request.max_tokens
+    if request.grammar is not None:
+        message.grammar = request.grammar.text
+        message.grammar_branches = request.grammar.branches
+    return message
+
+
 def generation_request(generate: epb.Generate) -> GenerationRequest:
-    grammar = None
-    if generate.HasField("grammar"):
-        grammar = Grammar(generate.grammar, generate.grammar_branches or 1)
-    # The front enforced the server's limits; the engine takes its word for them.
-    limits = GenerationLimits(max_top_logprobs=generate.request.top_logprobs)
-    return GenerationRequest.from_pb(generate.request, limits, grammar=grammar)
+    """The front's validated request, taken at its word: nothing is checked again."""
+    text = generate.text
+    sampling = text.sampling
+    return GenerationRequest(
+        model=text.model,
+        prompt=text.prompt if text.HasField("prompt") else None,
+        messages=tuple(ChatMessage.from_pb(turn) for turn in text.messages),
+        max_tokens=text.max_tokens if text.HasField("max_tokens") else None,
+        stop=tuple(text.stop),
+        sampling=SamplingOverrides(
+            **{
+                f.name: getattr(sampling, f.name)
+                for f in fields(SamplingOverrides)
+                if sampling.HasField(f.name)
+            }
+        ),
+        tools=tuple(Tool.from_pb(tool) for tool in text.tools),
+        grammar=(
+            Grammar(text.grammar, text.grammar_branches or 1) if text.HasField("grammar") else None
+        ),
+        logprobs=text.logprobs,
+        top_logprobs=text.top_logprobs,
+    )
+
+
+def _sampling_pb(sampling: SamplingOverrides) -> epb.Sampling:
+    message = epb.Sampling()
+    for field in fields(sampling):
+        value = getattr(sampling, field.name)
+        if value is not None:  # unset: the model's default, not a zero
+            setattr(message, field.name, value)
+    return message
+
+
+def _fields_set(sampling: epb.Sampling) -> dict[str, Any]:
+    names = (field.name for field in fields(SamplingOverrides))
+    return {name: getattr(sampling, name) for name in names if sampling.HasField(name)}
 
 
 def image_message(

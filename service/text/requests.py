@@ -11,7 +11,7 @@ import json
 import math
 import random
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from inference.v1 import inference_pb2 as pb
@@ -105,6 +105,11 @@ class Tool:
     def from_pb(cls, msg: pb.Tool) -> Tool:
         return cls(name=msg.name, description=msg.description, parameters_json=msg.parameters_json)
 
+    def to_pb(self) -> pb.Tool:
+        return pb.Tool(
+            name=self.name, description=self.description, parameters_json=self.parameters_json
+        )
+
     def parameters(self) -> dict[str, Any]:
         """The JSON schema of the arguments; no parameters is an empty object schema."""
         if not self.parameters_json.strip():
@@ -144,6 +149,15 @@ class ChatMessage:
             tool_calls=tuple(ToolCall.from_pb(call) for call in msg.tool_calls),
             tool_call_id=msg.tool_call_id,
             name=msg.name,
+        )
+
+    def to_pb(self) -> pb.ChatMessage:
+        return pb.ChatMessage(
+            role=self.role,
+            content=self.content,
+            tool_calls=[call.to_pb() for call in self.tool_calls],
+            tool_call_id=self.tool_call_id,
+            name=self.name,
         )
 
     def validate(self, index: int) -> None:
@@ -292,9 +306,6 @@ class GenerationRequest:
     # Alternatives to report per token; 0 when none (or logprobs is off).
     top_logprobs: int = 0
 
-    # The message it came from, kept so an engine process can be sent it as is.
-    message: pb.GenerateRequest | None = field(default=None, compare=False, repr=False)
-
     @classmethod
     def from_pb(
         cls,
@@ -332,7 +343,6 @@ class GenerationRequest:
             grammar=grammar,
             logprobs=msg.logprobs,
             top_logprobs=msg.top_logprobs,
-            message=msg,
         )
         if msg.HasField("top_logprobs") and msg.top_logprobs and not msg.logprobs:
             raise InvalidRequest("top_logprobs needs logprobs to be set")

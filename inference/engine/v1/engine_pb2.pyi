@@ -98,20 +98,62 @@ class Status(_message.Message):
     def __init__(self, code: _Optional[int] = ..., message: _Optional[str] = ...) -> None: ...
 
 class Generate(_message.Message):
-    __slots__ = ("id", "received_at", "request", "grammar", "grammar_branches", "request_id")
+    __slots__ = ("id", "received_at", "request_id", "text")
     ID_FIELD_NUMBER: _ClassVar[int]
     RECEIVED_AT_FIELD_NUMBER: _ClassVar[int]
-    REQUEST_FIELD_NUMBER: _ClassVar[int]
-    GRAMMAR_FIELD_NUMBER: _ClassVar[int]
-    GRAMMAR_BRANCHES_FIELD_NUMBER: _ClassVar[int]
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    TEXT_FIELD_NUMBER: _ClassVar[int]
     id: int
     received_at: float
-    request: _inference_pb2.GenerateRequest
+    request_id: str
+    text: TextRequest
+    def __init__(self, id: _Optional[int] = ..., received_at: _Optional[float] = ..., request_id: _Optional[str] = ..., text: _Optional[_Union[TextRequest, _Mapping]] = ...) -> None: ...
+
+class TextRequest(_message.Message):
+    __slots__ = ("model", "prompt", "messages", "max_tokens", "stop", "sampling", "tools", "grammar", "grammar_branches", "logprobs", "top_logprobs")
+    MODEL_FIELD_NUMBER: _ClassVar[int]
+    PROMPT_FIELD_NUMBER: _ClassVar[int]
+    MESSAGES_FIELD_NUMBER: _ClassVar[int]
+    MAX_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    STOP_FIELD_NUMBER: _ClassVar[int]
+    SAMPLING_FIELD_NUMBER: _ClassVar[int]
+    TOOLS_FIELD_NUMBER: _ClassVar[int]
+    GRAMMAR_FIELD_NUMBER: _ClassVar[int]
+    GRAMMAR_BRANCHES_FIELD_NUMBER: _ClassVar[int]
+    LOGPROBS_FIELD_NUMBER: _ClassVar[int]
+    TOP_LOGPROBS_FIELD_NUMBER: _ClassVar[int]
+    model: str
+    prompt: str
+    messages: _containers.RepeatedCompositeFieldContainer[_inference_pb2.ChatMessage]
+    max_tokens: int
+    stop: _containers.RepeatedScalarFieldContainer[str]
+    sampling: Sampling
+    tools: _containers.RepeatedCompositeFieldContainer[_inference_pb2.Tool]
     grammar: str
     grammar_branches: int
-    request_id: str
-    def __init__(self, id: _Optional[int] = ..., received_at: _Optional[float] = ..., request: _Optional[_Union[_inference_pb2.GenerateRequest, _Mapping]] = ..., grammar: _Optional[str] = ..., grammar_branches: _Optional[int] = ..., request_id: _Optional[str] = ...) -> None: ...
+    logprobs: bool
+    top_logprobs: int
+    def __init__(self, model: _Optional[str] = ..., prompt: _Optional[str] = ..., messages: _Optional[_Iterable[_Union[_inference_pb2.ChatMessage, _Mapping]]] = ..., max_tokens: _Optional[int] = ..., stop: _Optional[_Iterable[str]] = ..., sampling: _Optional[_Union[Sampling, _Mapping]] = ..., tools: _Optional[_Iterable[_Union[_inference_pb2.Tool, _Mapping]]] = ..., grammar: _Optional[str] = ..., grammar_branches: _Optional[int] = ..., logprobs: _Optional[bool] = ..., top_logprobs: _Optional[int] = ...) -> None: ...
+
+class Sampling(_message.Message):
+    __slots__ = ("temperature", "top_p", "top_k", "min_p", "repeat_penalty", "seed", "presence_penalty", "frequency_penalty")
+    TEMPERATURE_FIELD_NUMBER: _ClassVar[int]
+    TOP_P_FIELD_NUMBER: _ClassVar[int]
+    TOP_K_FIELD_NUMBER: _ClassVar[int]
+    MIN_P_FIELD_NUMBER: _ClassVar[int]
+    REPEAT_PENALTY_FIELD_NUMBER: _ClassVar[int]
+    SEED_FIELD_NUMBER: _ClassVar[int]
+    PRESENCE_PENALTY_FIELD_NUMBER: _ClassVar[int]
+    FREQUENCY_PENALTY_FIELD_NUMBER: _ClassVar[int]
+    temperature: float
+    top_p: float
+    top_k: int
+    min_p: float
+    repeat_penalty: float
+    seed: int
+    presence_penalty: float
+    frequency_penalty: float
+    def __init__(self, temperature: _Optional[float] = ..., top_p: _Optional[float] = ..., top_k: _Optional[int] = ..., min_p: _Optional[float] = ..., repeat_penalty: _Optional[float] = ..., seed: _Optional[int] = ..., presence_penalty: _Optional[float] = ..., frequency_penalty: _Optional[float] = ...) -> None: ...
 
 class GenerateImage(_message.Message):
     __slots__ = ("id", "received_at", "request", "request_id")
