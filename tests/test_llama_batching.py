@@ -278,13 +278,10 @@ def _schedule(backend: LlamaCppBackend, prompts: list[str]) -> list[_TextSink]:
     sinks = [_TextSink() for _ in prompts]
     scheduler = DecodeScheduler(backend, max_waiting=8)
     for index, (prompt, sink) in enumerate(zip(prompts, sinks, strict=True)):
-        plan = DecodePlan(
-            prompt_ids=tuple(backend.tokenize(prompt, add_bos=backend.adds_bos)),
-            max_tokens=6 + 5 * index,  # ends at different steps
-            stop=(".",),  # and some may end at a stop sequence, found after the fact
-            sampling=GREEDY,
-            time_limit_s=None,
-        )
+        prompt_ids = tuple(backend.tokenize(prompt, add_bos=backend.adds_bos))
+        sequence = SequenceRequest(prompt_ids, GREEDY, max_tokens=6 + 5 * index)  # ends apart
+        # and some may end at a stop sequence, found after the fact
+        plan = DecodePlan(sequence, stop=(".",), time_limit_s=None)
         scheduler.enqueue(plan, 0.0, sink)
     while scheduler.step():
         pass

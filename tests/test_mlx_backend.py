@@ -97,7 +97,7 @@ def decode(
     """One generation through what the scheduler runs it with: OneAtATime and a
     SequenceDecoder, a step at a time, dropped after a step once cancelled."""
     stepper = OneAtATime(backend)
-    sequence = stepper.start(SequenceRequest(plan.prompt_ids, plan.sampling, plan.max_tokens))
+    sequence = stepper.start(plan.sequence)
     assert sequence is not None
     decoder = SequenceDecoder(backend, plan, received_at, sequence.cached_prompt_tokens)
     events: list[DecodeEvent] = []
@@ -120,13 +120,8 @@ def run(
     sampling: SamplingParams | None = None,
     cancelled: threading.Event | None = None,
 ) -> Run:
-    plan = DecodePlan(
-        prompt_ids=tuple(prompt_ids),
-        max_tokens=max_tokens,
-        stop=(),
-        sampling=sampling or params(),
-        time_limit_s=None,
-    )
+    sequence = SequenceRequest(tuple(prompt_ids), sampling or params(), max_tokens)
+    plan = DecodePlan(sequence, stop=(), time_limit_s=None)
     events = list(decode(backend, plan, cancelled or threading.Event(), time.monotonic()))
     deltas = [event for event in events if isinstance(event, Delta)]
     finished = events[-1]
@@ -236,7 +231,7 @@ def test_a_cancelled_request_leaves_the_cache_consistent(
     prompt = backend.tokenize(FOX, add_bos=False)
     cancelled = threading.Event()
     cancelled.set()
-    plan = DecodePlan(tuple(prompt), 12, (), params(), None)
+    plan = DecodePlan(SequenceRequest(tuple(prompt), params(), 12), (), None)
     assert list(decode(backend, plan, cancelled, time.monotonic())) == []
     result = run(backend, prompt)
     assert result.cached == len(prompt) - 1

@@ -147,13 +147,8 @@ class Harness:
     def submit(self, name: str, prompt: int, answer: int) -> Sink:
         marker = 1000 + len(self.sinks)  # the prompt's first token names it
         self.backend.names[marker] = name
-        plan = DecodePlan(
-            prompt_ids=(marker,) + (TOKEN,) * (prompt - 1),
-            max_tokens=answer,
-            stop=(),
-            sampling=GREEDY,
-            time_limit_s=None,
-        )
+        prompt_ids = (marker,) + (TOKEN,) * (prompt - 1)
+        plan = DecodePlan(SequenceRequest(prompt_ids, GREEDY, answer), (), time_limit_s=None)
         sink = self.sinks[name] = Sink()
         self.scheduler.enqueue(plan, 0.0, sink)
         return sink

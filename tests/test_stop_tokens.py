@@ -16,7 +16,7 @@ from typing import cast
 
 from inference.v1 import inference_pb2 as pb
 from inference.v1 import inference_pb2_grpc as pb_grpc
-from service.backends.base import TextBackend
+from service.backends.base import SequenceRequest, TextBackend
 from service.decode.chunking import StreamChunker
 from service.decode.sequence import DecodeEvent, DecodePlan, SequenceDecoder
 from service.decode.text import MAX_UNIT_TOKENS, Released, TextAssembler
@@ -48,7 +48,8 @@ class Stream:
 
 def plan(stops: tuple[str, ...], max_tokens: int) -> DecodePlan:
     sampling = SamplingParams(temperature=0, top_p=1, top_k=0, min_p=0, repeat_penalty=1, seed=7)
-    return DecodePlan((1,), max_tokens, stops, sampling, time_limit_s=None, top_logprobs=0)
+    sequence = SequenceRequest((1,), sampling, max_tokens, top_logprobs=0)
+    return DecodePlan(sequence, stops, time_limit_s=None)
 
 
 def generate(

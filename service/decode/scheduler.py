@@ -243,7 +243,7 @@ class DecodeScheduler:
         """The library's start; its failure is this request's, not the model's: nothing
         ran yet, so the model serves the others on."""
         try:
-            return self._stepper.start(_sequence_request(plan))
+            return self._stepper.start(plan.sequence)
         except ServiceError:
             raise
         except Exception as exc:
@@ -377,16 +377,6 @@ class DecodeScheduler:
         self._active.clear()
         self._waiting.clear()
         self._publish()
-
-
-def _sequence_request(plan: DecodePlan) -> SequenceRequest:
-    return SequenceRequest(
-        prompt_ids=plan.prompt_ids,
-        sampling=plan.sampling,
-        max_tokens=plan.max_tokens,
-        grammar=plan.grammar,
-        top_logprobs=plan.top_logprobs,
-    )
 
 
 def _sequence(request: _Request) -> ActiveSequence:

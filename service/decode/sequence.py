@@ -16,14 +16,13 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 
-from service.backends.base import TextBackend
+from service.backends.base import SequenceRequest, TextBackend
 from service.decode.text import Released, TextAssembler
 from service.errors import InvalidRequest
 from service.text.requests import (
     Delta,
     Finished,
     FinishReason,
-    Grammar,
     SamplingParams,
     Timing,
     TokenLogprob,
@@ -35,16 +34,25 @@ DecodeEvent = Delta | Finished
 
 @dataclass(frozen=True)
 class DecodePlan:
-    prompt_ids: tuple[int, ...]
-    max_tokens: int
+    """One request as the decode loop runs it: what the backend evaluates and
+    samples (`sequence`, handed to it as it is), and what the loop enforces itself."""
+
+    sequence: SequenceRequest
     stop: tuple[str, ...]
-    sampling: SamplingParams
     # Wall-clock ceiling on decoding, in seconds; None for no ceiling.
     time_limit_s: float | None
-    # The grammar every sampled token must fit; None for free text.
-    grammar: Grammar | None = None
-    # Report each token's logprob with this many alternatives; None: no logprobs.
-    top_logprobs: int | None = None
+
+    @property
+    def prompt_ids(self) -> tuple[int, ...]:
+        return self.sequence.prompt_ids
+
+    @property
+    def max_tokens(self) -> int:
+        return self.sequence.max_tokens
+
+    @property
+    def sampling(self) -> SamplingParams:
+        return self.sequence.sampling
 
 
 def fit_max_tokens(

@@ -24,7 +24,7 @@ from typing import cast
 import structlog
 
 from inference.v1 import inference_pb2 as pb
-from service.backends.base import TextBackend
+from service.backends.base import SequenceRequest, TextBackend
 from service.backends.failure import RELOADING, library_failure
 from service.backends.names import DIFFUSERS
 from service.decode.scheduler import DecodeScheduler, nothing_to_publish
@@ -181,15 +181,14 @@ class EngineCore:
             default=self.options.default_max_tokens,
             context_length=backend.context_length,
         )
-        plan = DecodePlan(
+        sequence = SequenceRequest(
             prompt_ids=tuple(prompt_ids),
-            max_tokens=max_tokens,
-            stop=request.stop,
             sampling=request.sampling.resolve(backend.sampling_defaults()),
-            time_limit_s=self.options.max_decode_seconds,
+            max_tokens=max_tokens,
             grammar=request.grammar,
             top_logprobs=request.top_logprobs if request.logprobs else None,
         )
+        plan = DecodePlan(sequence, request.stop, self.options.max_decode_seconds)
         started = Started(
             model=self.options.name,
             backend=backend.name,
