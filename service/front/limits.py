@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from inference.v1 import inference_pb2 as pb
-from service.config import Settings
+from service.config import LimitSettings
 from service.errors import InvalidRequest
 
 # Fixed bounds on the parts of a request the prompt limit does not see whole: each is
@@ -27,7 +27,7 @@ class RequestLimits:
     max_messages: int
 
     @classmethod
-    def from_settings(cls, settings: Settings) -> RequestLimits:
+    def from_settings(cls, settings: LimitSettings) -> RequestLimits:
         return cls(
             max_prompt_bytes=int(settings.max_prompt_bytes),
             max_tokens=settings.max_tokens_cap,

@@ -8,13 +8,13 @@ from pathlib import Path
 
 import grpc
 
-from service.config import Settings
+from service.config import ServerSettings
 
 # Clients behind proxies ping often to keep long streams open; accept pings this often.
 MIN_CLIENT_PING_INTERVAL_MS = 10_000
 
 
-def server_options(settings: Settings) -> list[tuple[str, int]]:
+def server_options(settings: ServerSettings) -> list[tuple[str, int]]:
     return [
         ("grpc.max_receive_message_length", int(settings.max_receive_message_bytes)),
         ("grpc.max_send_message_length", int(settings.max_send_message_bytes)),
@@ -29,7 +29,7 @@ def server_options(settings: Settings) -> list[tuple[str, int]]:
     ]
 
 
-def server_credentials(settings: Settings) -> grpc.ServerCredentials | None:
+def server_credentials(settings: ServerSettings) -> grpc.ServerCredentials | None:
     """TLS credentials when a certificate is configured (mTLS with a client CA); else None."""
     if settings.tls_cert is None or settings.tls_key is None:
         return None
@@ -47,7 +47,7 @@ def _read(path: Path) -> bytes:
         raise SystemExit(f"cannot read {path}: {exc.strerror}") from exc
 
 
-def http_tls(settings: Settings) -> ssl.SSLContext | None:
+def http_tls(settings: ServerSettings) -> ssl.SSLContext | None:
     """The same certificate (and client CA, for mTLS) for the HTTP port; None without."""
     if settings.tls_cert is None or settings.tls_key is None:
         return None

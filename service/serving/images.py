@@ -18,7 +18,7 @@ import structlog
 
 from service.admission import Capability, Decision
 from service.backends.names import EXTERNAL as EXTERNAL_SETTING
-from service.config import Settings
+from service.config import ImageSettings
 from service.errors import NotSupported
 from service.images.external import BACKEND_NAME as EXTERNAL
 from service.images.external import CommandResolver, ExternalRoute, run_external
@@ -32,7 +32,7 @@ _Rendered = tuple[RenderedImage, str]
 
 
 class ImageGenerator:
-    def __init__(self, pool: ModelPool, settings: Settings, commands: CommandResolver) -> None:
+    def __init__(self, pool: ModelPool, settings: ImageSettings, commands: CommandResolver) -> None:
         self._pool = pool
         self._settings = settings
         self._commands = commands
