@@ -9,6 +9,7 @@ what the renderer writes today and what the real Envoy binary accepts.
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import hashlib
 import importlib.metadata
@@ -25,6 +26,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import kubernetes_validate
 import pytest
 import yaml
 
@@ -90,6 +92,33 @@ def objects() -> dict[tuple[str, str], Manifest]:
             assert key not in found, f"{key} appears twice"
             found[key] = document
     return found
+
+
+# Kubernetes versions the manifests must be valid for: the newest schema kubernetes-validate
+# bundles, and one a year older.
+SCHEMA_VERSIONS = (kubernetes_validate.latest_version(), "1.33.0")
+
+
+@pytest.mark.parametrize("version", SCHEMA_VERSIONS)
+def test_every_manifest_passes_kubernetes_own_schema_strictly(
+    objects: dict[tuple[str, str], Manifest], version: str
+) -> None:
+    """Types, required fields and (strict) no unknown field, from the API's OpenAPI
+    schemas: what `kubectl apply --validate=strict` would refuse fails here."""
+    for key, document in objects.items():
+        try:
+            kubernetes_validate.validate(document, version, strict=True)
+        except kubernetes_validate.ValidationError as error:
+            pytest.fail(f"{key} against Kubernetes {version}: {error.message}")
+
+
+def test_the_strict_schema_check_catches_a_misspelt_field(
+    objects: dict[tuple[str, str], Manifest],
+) -> None:
+    broken = copy.deepcopy(objects["Deployment", "inference-server"])
+    broken["spec"]["template"]["spec"]["containers"][0]["imagePullPolcy"] = "Never"
+    with pytest.raises(kubernetes_validate.ValidationError):
+        kubernetes_validate.validate(broken, SCHEMA_VERSIONS[0], strict=True)
 
 
 def pod_spec(objects: dict[tuple[str, str], Manifest], deployment: str) -> Manifest:
