@@ -10,7 +10,7 @@ PROTOS := protos/inference/v1/inference.proto
 # The front's contract with its engine processes: Python only, never a client's.
 ENGINE_PROTOS := protos/inference/engine/v1/engine.proto
 
-.PHONY: install serve cluster test lint protos bench clean cuda-fetch cuda-deps cuda-llama cuda-model cuda-bench
+.PHONY: install serve cluster test lint protos bench clean image cuda-fetch cuda-deps cuda-llama cuda-model cuda-bench
 
 install:
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -41,6 +41,12 @@ cluster:
 
 test:
 	$(BIN)/python -m pytest
+
+# The image deploy/kubernetes runs (Dockerfile), with podman or docker. BASE=IMAGE picks
+# the base image (default python:3.11-slim-bookworm); IMAGE_TAG the tag.
+IMAGE_TAG ?= inference-service:latest
+image:
+	BASE=$(BASE) PYTHON=$(BIN)/python scripts/image/build.sh $(IMAGE_TAG)
 
 lint:
 	$(BIN)/ruff check .
