@@ -46,7 +46,8 @@ test:
 # the base image (default python:3.11-slim-bookworm); IMAGE_TAG the tag.
 IMAGE_TAG ?= inference-service:latest
 image:
-	BASE=$(BASE) PYTHON=$(BIN)/python scripts/image/build.sh $(IMAGE_TAG)
+	BASE=$(BASE) PYTHON=$(BIN)/python LLAMA_CMAKE_ARGS="$(LLAMA_CMAKE_ARGS)" \
+		scripts/image/build.sh $(IMAGE_TAG)
 
 lint:
 	$(BIN)/ruff check .

