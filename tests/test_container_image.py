@@ -93,11 +93,10 @@ def base(engine: str, tmp_path_factory: pytest.TempPathFactory) -> str:
     rootfs = tmp_path_factory.mktemp("base") / "rootfs"
     run("debootstrap", "--variant=minbase", f"--include={BASE_PACKAGES}", "bookworm",
         str(rootfs), "http://deb.debian.org/debian")  # fmt: skip
-    tar = subprocess.Popen(["tar", "-C", str(rootfs), "-c", "."], stdout=subprocess.PIPE)
-    run_import = subprocess.run(
-        [engine, "import", "-", BASE], stdin=tar.stdout, capture_output=True, check=False
-    )
-    tar.wait()
+    with subprocess.Popen(["tar", "-C", str(rootfs), "-c", "."], stdout=subprocess.PIPE) as tar:
+        run_import = subprocess.run(
+            [engine, "import", "-", BASE], stdin=tar.stdout, capture_output=True, check=False
+        )
     assert run_import.returncode == 0, run_import.stderr.decode()[-2000:]
     shutil.rmtree(rootfs, ignore_errors=True)
     return BASE
