@@ -46,6 +46,8 @@ PR_SET_PDEATHSIG = 1
 START_TIMEOUT = 120.0
 # A replica's HTTP port, by default: its gRPC port's + 100.
 HTTP_PORT_OFFSET = 100
+# Seconds in-flight streams get when a replica drains, unless told otherwise.
+DEFAULT_GRACE_PERIOD = 10.0
 
 
 @dataclass
@@ -372,7 +374,10 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--envoy-threads", type=int, default=2, help="Envoy's worker threads.")
     parser.add_argument(
-        "--grace-period", type=float, default=10.0, help="The replicas' --grace-period."
+        "--grace-period",
+        type=float,
+        help=f"The replicas' --grace-period (default {DEFAULT_GRACE_PERIOD:g}; one given "
+        "after -- counts too).",
     )
     parser.add_argument(
         "--log-format", choices=["auto", "json", "console"], default="auto", help="Log lines."
@@ -392,8 +397,28 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     if args.replica_http_base_port is None:
         base = args.replica_base_port
         args.replica_http_base_port = base + HTTP_PORT_OFFSET if base else 0
-    args.server_args += ["--grace-period", str(args.grace_period)]
+    _settle_grace_period(args)
     return args
+
+
+def _settle_grace_period(args: argparse.Namespace) -> None:
+    """One grace period for the replicas and for the launcher's wait on them: the
+    launcher's flag, or the servers' own after `--` (which used to be overridden
+    silently by the launcher's default); both, only when they agree."""
+    servers = argparse.ArgumentParser(add_help=False, allow_abbrev=False)
+    servers.add_argument("--grace-period", type=float)
+    given = servers.parse_known_args(args.server_args)[0].grace_period
+    if given is None:
+        if args.grace_period is None:
+            args.grace_period = DEFAULT_GRACE_PERIOD
+        args.server_args += ["--grace-period", str(args.grace_period)]
+    elif args.grace_period not in (None, given):
+        raise SystemExit(
+            f"--grace-period is {args.grace_period:g} for the launcher and {given:g} after "
+            "--: give it once"
+        )
+    else:
+        args.grace_period = given
 
 
 def main(argv: Sequence[str] | None = None) -> None:
