@@ -6,9 +6,11 @@ import urllib.request
 
 import grpc
 import pytest
+from prometheus_client import Counter
 from prometheus_client.parser import text_string_to_metric_families
 
 from inference.v1 import inference_pb2 as pb
+from service.front.metrics_http import ServedRegistry
 from tests.conftest import SMOLLM, collect, make_settings, serving
 
 
@@ -63,3 +65,16 @@ def test_metrics_count_rpcs_tokens_and_the_pool() -> None:
 def test_metrics_are_off_unless_asked_for() -> None:
     with serving(make_settings()) as (running, _):
         assert running.server.metrics_port is None
+
+
+def test_metrics_serve_on_an_ipv6_address_written_in_brackets() -> None:
+    """As --listen is written; the server's own port used to refuse it."""
+    served = ServedRegistry()
+    Counter("probe", "A counter to find.", registry=served.registry).inc(3)
+    port = served.serve("[::1]:0")
+    try:
+        with urllib.request.urlopen(f"http://[::1]:{port}/metrics", timeout=10) as response:
+            text = response.read().decode()
+    finally:
+        served.stop()
+    assert "probe_total 3.0" in text

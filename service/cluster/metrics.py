@@ -12,14 +12,14 @@ dict the loop is changing.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Sequence
-from wsgiref.simple_server import WSGIServer
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
+from prometheus_client import Counter, Gauge, Histogram
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from service.cluster.ranking import REASONS, Reason
 from service.cluster.replicas import ReplicaView
+from service.front.metrics_http import ServedRegistry
 
 # Ranking one request takes about 0.1 ms; reading and hashing a long prompt more.
 _DECISION_BUCKETS = (0.00005, 0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.1)
@@ -27,7 +27,7 @@ _DECISION_BUCKETS = (0.00005, 0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.0
 _POLL_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0)
 
 
-class PickerMetrics:
+class PickerMetrics(ServedRegistry):
     def __init__(
         self,
         view: Callable[[], Sequence[ReplicaView]],
@@ -35,7 +35,7 @@ class PickerMetrics:
         methods: Sequence[str],
         prefix_capacity: int,
     ) -> None:
-        self.registry = CollectorRegistry()
+        super().__init__()
         self.decisions = Counter(
             "inference_picker_decisions",
             "Requests the picker routed, by method and by why the first replica it named "
@@ -88,7 +88,6 @@ class PickerMetrics:
             for reason in REASONS:
                 self.decisions.labels(method, reason)
         self.registry.register(_ReplicaCollector(view))
-        self._http: WSGIServer | None = None
 
     def decided(self, method: str, reason: Reason, seconds: float) -> None:
         self.decisions.labels(method, reason).inc()
@@ -96,18 +95,6 @@ class PickerMetrics:
 
     def polled(self, outcome: str, seconds: float) -> None:
         self.polls.labels(outcome).observe(seconds)
-
-    def serve(self, listen: str) -> int:
-        """Serve /metrics on HOST:PORT; returns the bound port (PORT may be 0)."""
-        host, _, port = listen.rpartition(":")
-        self._http, _ = start_http_server(int(port), host.strip("[]"), registry=self.registry)
-        return int(self._http.server_port)
-
-    def stop(self) -> None:
-        if self._http is not None:
-            self._http.shutdown()
-            self._http.server_close()
-            self._http = None
 
 
 class _ReplicaCollector(Collector):

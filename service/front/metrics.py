@@ -10,9 +10,8 @@ from __future__ import annotations
 
 from collections import Counter as Tally
 from collections.abc import Iterator
-from wsgiref.simple_server import WSGIServer
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
+from prometheus_client import Counter, Gauge, Histogram
 from prometheus_client.core import (
     CounterMetricFamily,
     GaugeMetricFamily,
@@ -22,6 +21,7 @@ from prometheus_client.core import (
 from prometheus_client.registry import Collector
 
 from inference.v1 import inference_pb2 as pb
+from service.front.metrics_http import ServedRegistry
 from service.front.overload import ConcurrencyGate
 from service.images.requests import ImageDone
 from service.models.pool import LoadedModel, ModelPool
@@ -30,9 +30,9 @@ _TOKEN_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.02, 0.05, 0.1, 0.25, 0.5, 1.0)
 _LATENCY_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0)
 
 
-class Metrics:
+class Metrics(ServedRegistry):
     def __init__(self, pool: ModelPool, gate: ConcurrencyGate) -> None:
-        self.registry = CollectorRegistry()
+        super().__init__()
         self.rpcs = Counter(
             "inference_rpcs", "RPCs finished, by method, model and status code.",
             ["rpc", "model", "code"], registry=self.registry,
@@ -65,7 +65,6 @@ class Metrics:
         self._pool = pool
         self.registry.register(_PoolCollector(pool))
         self.registry.register(_GateCollector(gate))
-        self._http: WSGIServer | None = None
 
     def rpc_started(self, rpc: str) -> None:
         self.in_flight.labels(rpc).inc()
@@ -96,18 +95,6 @@ class Metrics:
 
     def image(self, done: ImageDone) -> None:
         self.images.labels(done.model, done.backend).inc()
-
-    def serve(self, listen: str) -> int:
-        """Serve /metrics on HOST:PORT; returns the bound port (PORT may be 0)."""
-        host, _, port = listen.rpartition(":")
-        self._http, _ = start_http_server(int(port), host, registry=self.registry)
-        return int(self._http.server_port)
-
-    def stop(self) -> None:
-        if self._http is not None:
-            self._http.shutdown()
-            self._http.server_close()
-            self._http = None
 
 
 class _PoolCollector(Collector):
