@@ -90,7 +90,8 @@ def profile(args: argparse.Namespace, address: str, pid: int) -> None:
     load.start()
     time.sleep(2)
     command = [args.py_spy, "record", "-d", str(args.seconds), "-r", "100", "-p", str(pid)]
-    command += ["-f", "raw", "--threads", "-o", str(args.out / "py-spy.txt")]
+    # --subprocesses: the model runs in an engine process of its own.
+    command += ["-f", "raw", "--threads", "--subprocesses", "-o", str(args.out / "py-spy.txt")]
     command += ["--native"] if args.native else ["--nonblocking"]
     done = subprocess.run(command, capture_output=True, text=True, check=False)
     print(f"py-spy exit {done.returncode}: {args.out / 'py-spy.txt'}", done.stderr[-300:])
