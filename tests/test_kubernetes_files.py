@@ -33,6 +33,8 @@ import yaml
 from clients.cli import build_parser as client_parser
 from service.admission import Capability, decide
 from service.cluster.envoy_config import layout_from_args, render
+from service.cluster.launcher import build_parser as launcher_parser
+from service.cluster.replicas import parse_replica
 from service.cluster.settings import PickerSettings, load_picker_settings
 from service.config import ENV_PREFIX, Settings, load_settings
 from service.front.server import INFERENCE_SERVICE
@@ -226,6 +228,22 @@ def render_flag(args: list[str], name: str) -> str:
     return value
 
 
+def envoy_config(objects: dict[tuple[str, str], Manifest]) -> Manifest:
+    """The config Envoy reads, parsed: not the arguments it was rendered from."""
+    config: Manifest = yaml.safe_load(objects["ConfigMap", "inference-envoy"]["data"][CONFIG_KEY])
+    return config
+
+
+def socket_address(entry: Manifest) -> tuple[str, int]:
+    address = entry["socket_address"]
+    return address["address"], address["port_value"]
+
+
+def service_port(objects: dict[tuple[str, str], Manifest], service: str, name: str) -> Manifest:
+    (port,) = [p for p in objects["Service", service]["spec"]["ports"] if p["name"] == name]
+    return dict(port)
+
+
 # --- the objects -------------------------------------------------------------------
 
 
@@ -296,10 +314,12 @@ def test_server_ports_are_the_ones_its_flags_open(objects, server_settings) -> N
     settings = server_settings
     assert settings.health_listen is not None
     assert settings.metrics_listen is not None
+    assert settings.http_listen is not None, "Envoy's HTTP listener forwards to it"
     for name, address in (
         ("grpc", settings.listen),
         ("health", settings.health_listen),
         ("metrics", settings.metrics_listen),
+        ("http", settings.http_listen),
     ):
         assert host_of(address) == "0.0.0.0", f"{name}: the kubelet and Envoy dial the pod IP"
         assert container_port(entry, name) == port_of(address), name
@@ -339,9 +359,33 @@ def test_headless_service_reaches_the_replicas(
     for port in spec["ports"]:
         assert container_port(entry, port["targetPort"]) == port["port"], port["name"]
     fqdn = f"{service['metadata']['name']}.{NAMESPACE}.svc.cluster.local:{grpc_port['port']}"
-    assert picker_settings.replicas_dns == [fqdn]
+    (picker_replicas,) = picker_settings.replicas_dns
+    assert parse_replica(picker_replicas)[0] == fqdn
     assert picker_settings.replica == []
-    assert render_flag(envoy_args, "--replicas-dns") == fqdn
+    assert parse_replica(render_flag(envoy_args, "--replicas-dns"))[0] == fqdn
+
+
+def test_picker_and_envoy_send_http_to_the_replicas_http_port(
+    objects, server_settings, picker_settings, envoy_args
+) -> None:
+    """NAME:PORT=HTTP_PORT. Without the HTTP port the picker places no HTTP request and
+    the renderer writes no HTTP cluster; a wrong one sends them to a closed port."""
+    assert server_settings.http_listen is not None
+    http_port = port_of(server_settings.http_listen)
+    # Headless: Envoy dials each pod's IP at this port, whatever targetPort says.
+    assert service_port(objects, "inference-replicas", "http")["port"] == http_port
+    (picker_replicas,) = picker_settings.replicas_dns
+    assert parse_replica(picker_replicas)[1] == http_port
+    assert render_flag(envoy_args, "--replicas-dns") == picker_replicas
+    (cluster,) = [
+        c
+        for c in envoy_config(objects)["static_resources"]["clusters"]
+        if c["name"] == "replicas_http"
+    ]
+    (endpoints,) = cluster["load_assignment"]["endpoints"]
+    (endpoint,) = endpoints["lb_endpoints"]
+    replicas_host = host_of(parse_replica(picker_replicas)[0])
+    assert socket_address(endpoint["endpoint"]["address"]) == (replicas_host, http_port)
 
 
 @pytest.fixture(scope="module")
@@ -406,7 +450,7 @@ def test_envoy_listens_where_the_service_points(objects, envoy_args) -> None:
     assert container_port(entry, "grpc") == port_of(listen)
     service = objects["Service", "inference"]["spec"]
     assert service.get("type", "ClusterIP") == "ClusterIP"
-    (port,) = service["ports"]
+    port = service_port(objects, "inference", "grpc")
     assert container_port(entry, port["targetPort"]) == port["port"] == port_of(listen)
     assert entry["readinessProbe"]["grpc"] == {
         "port": port_of(listen),
@@ -415,6 +459,36 @@ def test_envoy_listens_where_the_service_points(objects, envoy_args) -> None:
     assert entry["livenessProbe"]["tcpSocket"]["port"] == port_of(listen)
     admin = render_flag(envoy_args, "--admin")
     assert host_of(admin) == "127.0.0.1", "Envoy's admin must stay off the pod network"
+
+
+def test_envoy_serves_http_where_the_service_points(objects, envoy_args) -> None:
+    listen = render_flag(envoy_args, "--http-listen")
+    assert host_of(listen) == "0.0.0.0"
+    entry = container(objects, "inference-envoy", "envoy")
+    port = service_port(objects, "inference", "http")
+    assert container_port(entry, port["targetPort"]) == port["port"] == port_of(listen)
+
+
+def test_clients_use_the_ports_make_cluster_uses(objects) -> None:
+    """A client's address in the cluster differs from its `make cluster` one in the host."""
+    launcher = launcher_parser()
+    for name, flag in (("grpc", "listen"), ("http", "http_listen")):
+        wanted = port_of(launcher.get_default(flag))
+        assert service_port(objects, "inference", name)["port"] == wanted, name
+
+
+def test_every_port_the_service_publishes_is_an_envoy_listener(objects) -> None:
+    """By name and port, in the config Envoy reads: a published port with no listener
+    behind it, or a listener clients cannot reach, fails here."""
+    listeners = {
+        listener["name"]: socket_address(listener["address"])
+        for listener in envoy_config(objects)["static_resources"]["listeners"]
+    }
+    published = {
+        port["name"]: ("0.0.0.0", port["port"])
+        for port in objects["Service", "inference"]["spec"]["ports"]
+    }
+    assert listeners == published
 
 
 def test_envoy_reads_the_configmap(objects) -> None:
@@ -515,10 +589,10 @@ def _refuses(port: int) -> bool:
 
 def test_envoy_prestop_hook_drains_envoy(objects, envoy_args, tmp_path) -> None:
     """The hook, run as written against a real Envoy started with the pod's flags
-    (drain time cut to 1 s), starts the drain: the listener then closes."""
+    (drain time cut to 1 s), starts the drain: the gRPC and HTTP listeners then close."""
     args = list(envoy_args)
-    args[args.index("--listen") + 1] = "127.0.0.1:0"
-    args[args.index("--admin") + 1] = "127.0.0.1:0"
+    for flag in ("--listen", "--http-listen", "--admin"):
+        args[args.index(flag) + 1] = "127.0.0.1:0"
     config = tmp_path / CONFIG_KEY
     config.write_text(render(layout_from_args(args)))
     admin_file = tmp_path / "admin"
@@ -532,12 +606,13 @@ def test_envoy_prestop_hook_drains_envoy(objects, envoy_args, tmp_path) -> None:
             assert time.monotonic() < deadline, "envoy did not start"
             time.sleep(0.05)
         admin = admin_file.read_text().strip()
-        listener = _get(f"http://{admin}/listeners").strip()  # grpc::127.0.0.1:PORT
-        port = port_of(listener)
-        # Listed is not yet accepting: Envoy's workers start the listener a moment later.
+        listeners = _get(f"http://{admin}/listeners").split()  # NAME::127.0.0.1:PORT each
+        assert sorted(name.partition("::")[0] for name in listeners) == ["grpc", "http"]
+        ports = [port_of(listener) for listener in listeners]
+        # Listed is not yet accepting: Envoy's workers start the listeners a moment later.
         deadline = time.monotonic() + 5
-        while _refuses(port):
-            assert time.monotonic() < deadline, "the listener never opened"
+        while any(_refuses(port) for port in ports):
+            assert time.monotonic() < deadline, "a listener never opened"
             time.sleep(0.05)
         hook = container(objects, "inference-envoy", "envoy")["lifecycle"]["preStop"]
         _python, flag, code, _admin, _seconds = hook["exec"]["command"]
@@ -546,8 +621,8 @@ def test_envoy_prestop_hook_drains_envoy(objects, envoy_args, tmp_path) -> None:
         )
         assert result.returncode == 0, result.stderr
         deadline = time.monotonic() + 5
-        while not _refuses(port):
-            assert time.monotonic() < deadline, "the listener stayed open"
+        while not all(_refuses(port) for port in ports):
+            assert time.monotonic() < deadline, "a listener stayed open"
             time.sleep(0.1)
     finally:
         envoy.kill()
