@@ -27,10 +27,11 @@ from service.backends.batch_sampling import (
 )
 from service.backends.native import sampler as native_sampler
 
-# Below this many logits one thread is quicker than handing out blocks. (At 4M, the
-# 32 rows of a 128k vocabulary, 4.1M, stayed on one thread: a tenth of each step of
-# the model's thread on the H200, py-spy said.)
-_PARALLEL_FROM = 1024 * 1024
+# Below this many logits one thread is quicker than handing out blocks: on the H200's
+# host, handing out blocks costs about half a millisecond, and 32 rows of a 128k
+# vocabulary (4.1M) took 0.56-0.81 ms on one thread against 0.76-0.87 on eight
+# (`python -m bench.row_search`; 1M was tried and undone, as was an argmax in C).
+_PARALLEL_FROM = 4 * 1024 * 1024
 _MAX_THREADS = 8
 
 Logits = npt.NDArray[np.float32]
