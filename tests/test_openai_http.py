@@ -257,6 +257,32 @@ def test_a_streamed_tool_call_arrives_as_tool_call_deltas(client: openai.OpenAI)
     assert not any("<tool_call>" in (c.choices[0].delta.content or "") for c in chunks)
 
 
+def test_with_tools_text_before_a_call_streams_as_it_comes(client: openai.OpenAI) -> None:
+    """Only text that cannot belong to a call block is held back (it used to be all of it,
+    sent in one piece at the end)."""
+    said = "Let me check the weather in Rome for you."
+    grammar = CALL_GRAMMAR.replace('root ::= "<tool_call>', f'root ::= "{said} <tool_call>')
+    chunks = list(
+        chat(
+            client,
+            model="hermes",
+            messages=[{"role": "user", "content": "Weather in Rome?"}],
+            tools=[WEATHER],
+            temperature=0,
+            stream=True,
+            extra_body={"grammar": grammar},
+        )
+    )
+    texts = [c.choices[0].delta.content for c in chunks if c.choices]
+    before_end = [text for text in texts[:-2] if text]  # the last two: the calls, the end
+    assert len(before_end) > 3  # many pieces, as the tokens came
+    assert "".join(before_end) == said
+    calls = [tc for c in chunks if c.choices for tc in c.choices[0].delta.tool_calls or []]
+    assert [tc.function.name for tc in calls] == ["get_weather"]
+    assert chunks[-1].choices[0].finish_reason == "tool_calls"
+    assert not any("tool_call" in (text or "") for text in texts)
+
+
 def test_text_completions_and_the_model_list(client: openai.OpenAI) -> None:
     completion = client.completions.create(
         model=SMOLLM, prompt="The capital of France is", max_tokens=5, temperature=0

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from inference.v1 import inference_pb2 as pb
+from service.front.openai_api.tool_text import ToolTextGate
 
 Json = dict[str, Any]
 
@@ -30,14 +31,15 @@ class Reply:
 
     chat: bool
     request_id: str
-    # With tools, the text is sent whole at the end: streamed, it would carry the
-    # model's call blocks, which only the finished parse takes out.
+    # With tools, streamed text goes out only where it cannot belong to a call block
+    # (which only the finished parse takes out): see tool_text.
     hold_text: bool = False
     model: str = ""
     created: int = field(default_factory=lambda: int(time.time()))
     text: list[str] = field(default_factory=list)
     logprobs: list[pb.TokenLogprob] = field(default_factory=list)
     finished: pb.GenerationFinished | None = None
+    _gate: ToolTextGate = field(default_factory=ToolTextGate)
 
     @property
     def id(self) -> str:
@@ -51,7 +53,10 @@ class Reply:
             return [self._chunk({"role": "assistant", "content": ""})] if self.chat else []
         if kind == "delta":
             self.take(response)
-            if self.hold_text or (not response.delta.text and not response.delta.logprobs):
+            if self.hold_text and self.chat:
+                text = self._gate.add(response.delta.text)
+                return [self._chunk(self._delta(text))] if text else []
+            if not response.delta.text and not response.delta.logprobs:
                 return []
             return [self._chunk(self._delta(response.delta.text), response.delta.logprobs)]
         if kind == "finished":
@@ -100,9 +105,10 @@ class Reply:
         chunks = []
         if self.chat and self.hold_text:
             parts = self._message_parts(finished)
-            if parts["content"] or "tool_calls" in parts:
+            rest = self._gate.remainder(parts["content"] or "")
+            if rest or "tool_calls" in parts:
                 calls = [{**call, "index": i} for i, call in enumerate(parts.get("tool_calls", []))]
-                delta: Json = {"content": parts["content"]}
+                delta: Json = {"content": rest or None}
                 if calls:
                     delta["tool_calls"] = calls
                 chunks.append(self._chunk(delta))

@@ -1,0 +1,88 @@
+"""What of a streamed answer with tools may go out as text before it ends.
+
+With tools offered, the model may write call blocks among its text, and only the
+finished parse (service/tools, in the engine) takes them out. Holding every word
+until the end made a streamed answer arrive in one piece, so this lets out the
+text that cannot belong to a call, as it comes:
+
+- nothing while the answer is blank, nor when it starts like a call written
+  without markers (Gemma's `[name(...)]` or `{"name": ...}`, possibly fenced):
+  such an answer is held whole;
+- otherwise the text up to the first call marker of any convention we parse
+  (`<tool_call>`, `<start_function_call>`), less an end that could be the start
+  of one and less trailing whitespace (a parse that finds calls strips the
+  content); from the first marker on, everything is held.
+
+At the end, `remainder` is what the parsed content adds to what went out.
+"""
+
+from __future__ import annotations
+
+from service.tools.function_gemma import OPEN as FUNCTION_GEMMA_OPEN
+from service.tools.hermes import OPEN as HERMES_OPEN
+
+CALL_MARKERS = (HERMES_OPEN, FUNCTION_GEMMA_OPEN)
+# How an answer that is a call without markers starts (service/tools/gemma.py).
+CALL_STARTS = ("[", "{", "`")
+
+
+class ToolTextGate:
+    """One streamed answer's text, and how much of it went out."""
+
+    def __init__(self) -> None:
+        self._text = ""
+        self._start: int | None = None  # where the sent text begins: the first non-blank
+        self._sent = 0  # the sent text ends here
+        self._held = False  # the rest is held to the end
+
+    def add(self, delta: str) -> str:
+        """The text that may go out now, after `delta` came."""
+        self._text += delta
+        if self._held:
+            return ""
+        if self._start is None:
+            stripped = self._text.lstrip()
+            if not stripped:
+                return ""
+            if stripped.startswith(CALL_STARTS):
+                self._held = True
+                return ""
+            self._start = self._sent = len(self._text) - len(stripped)
+        end = self._safe_end()
+        piece = self._text[self._sent : end]
+        self._sent = max(self._sent, end)
+        return piece
+
+    def remainder(self, content: str) -> str:
+        """What of the parsed `content` has not gone out yet."""
+        sent = self._text[self._start : self._sent] if self._start is not None else ""
+        if content.startswith(sent):  # calls found: the content was stripped
+            return content[len(sent) :]
+        begin = self._start or 0  # no calls: the content is the text, leading blanks too
+        if content[begin:].startswith(sent):
+            return content[begin + len(sent) :]
+        common = 0  # not expected; never send text twice
+        while common < min(len(content), len(sent)) and content[common] == sent[common]:
+            common += 1
+        return content[common:]
+
+    def _safe_end(self) -> int:
+        text, end = self._text, len(self._text)
+        found = [at for marker in CALL_MARKERS if (at := text.find(marker, self._sent)) >= 0]
+        if found:
+            end, self._held = min(found), True
+        else:
+            end -= _partial_marker(text)
+        end = len(text[:end].rstrip())
+        return max(end, self._sent)
+
+
+def _partial_marker(text: str) -> int:
+    """The length of the longest end of `text` that a call marker starts with."""
+    longest = 0
+    for marker in CALL_MARKERS:
+        for size in range(min(len(marker) - 1, len(text)), longest, -1):
+            if text.endswith(marker[:size]):
+                longest = size
+                break
+    return longest
