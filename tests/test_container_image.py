@@ -48,16 +48,24 @@ def run(*command: str, cwd: Path | None = None, **env: str) -> str:
 
 
 def podman_or_docker() -> str | None:
-    found = shutil.which("podman") or shutil.which("docker")
-    if found is None and shutil.which("apt-get") and os.geteuid() == 0:
-        installed = subprocess.run(
+    """An engine that can run containers: podman, or docker with a daemon to talk to.
+    Where neither can, podman from Debian's packages (as root): a docker client with
+    no daemon (as on these machines) used to skip the whole module."""
+    for name in ("podman", "docker"):
+        found = shutil.which(name)
+        if found and can_run_containers(found):
+            return found
+    if shutil.which("apt-get") and os.geteuid() == 0:
+        subprocess.run(
             "apt-get update -qq && apt-get install -y -qq podman runc debootstrap",
             shell=True, capture_output=True, check=False,
             env={**os.environ, "DEBIAN_FRONTEND": "noninteractive"},
         )  # fmt: skip
-        if installed.returncode == 0:
-            found = shutil.which("podman")
-    return found
+    return shutil.which("podman") or shutil.which("docker")
+
+
+def can_run_containers(engine: str) -> bool:
+    return subprocess.run([engine, "info"], capture_output=True, check=False).returncode == 0
 
 
 def limits(engine: str) -> list[str]:

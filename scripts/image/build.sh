@@ -14,6 +14,11 @@ tag=${1:-inference-service:latest}
 python=${PYTHON:-.venv/bin/python}
 engine=${ENGINE:-$(command -v podman || command -v docker || true)}
 [ -n "$engine" ] || { echo "neither podman nor docker is installed" >&2; exit 1; }
+"$engine" info >/dev/null 2>&1 || {
+    echo "$engine cannot run containers here (for docker: is its daemon running?); install" \
+        "podman, or name another engine with ENGINE=" >&2
+    exit 1
+}
 
 # Every wheel the image installs, built or fetched here where pip reaches its index:
 # inside a build it may not, and this is how offline builds are done anyway. pip's wheel
