@@ -239,8 +239,9 @@ def test_a_tool_call_round_trip(client: openai.OpenAI) -> None:
     assert second.usage.prompt_tokens > first.usage.prompt_tokens + 10
 
 
-def test_a_streamed_tool_call_arrives_as_tool_call_deltas(client: openai.OpenAI) -> None:
-    chunks = list(
+def streamed_weather_call(client: openai.OpenAI, grammar: str) -> list[Any]:
+    """The chunks of a streamed answer with the weather tool, `grammar` forcing its text."""
+    return list(
         chat(
             client,
             model="hermes",
@@ -248,9 +249,13 @@ def test_a_streamed_tool_call_arrives_as_tool_call_deltas(client: openai.OpenAI)
             tools=[WEATHER],
             temperature=0,
             stream=True,
-            extra_body={"grammar": CALL_GRAMMAR},
+            extra_body={"grammar": grammar},
         )
     )
+
+
+def test_a_streamed_tool_call_arrives_as_tool_call_deltas(client: openai.OpenAI) -> None:
+    chunks = streamed_weather_call(client, CALL_GRAMMAR)
     calls = [tc for c in chunks if c.choices for tc in c.choices[0].delta.tool_calls or []]
     assert [tc.function.name for tc in calls] == ["get_weather"]
     assert chunks[-1].choices[0].finish_reason == "tool_calls"
@@ -262,17 +267,7 @@ def test_with_tools_text_before_a_call_streams_as_it_comes(client: openai.OpenAI
     sent in one piece at the end)."""
     said = "Let me check the weather in Rome for you."
     grammar = CALL_GRAMMAR.replace('root ::= "<tool_call>', f'root ::= "{said} <tool_call>')
-    chunks = list(
-        chat(
-            client,
-            model="hermes",
-            messages=[{"role": "user", "content": "Weather in Rome?"}],
-            tools=[WEATHER],
-            temperature=0,
-            stream=True,
-            extra_body={"grammar": grammar},
-        )
-    )
+    chunks = streamed_weather_call(client, grammar)
     texts = [c.choices[0].delta.content for c in chunks if c.choices]
     before_end = [text for text in texts[:-2] if text]  # the last two: the calls, the end
     assert len(before_end) > 3  # many pieces, as the tokens came

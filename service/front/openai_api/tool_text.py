@@ -18,6 +18,7 @@ At the end, `remainder` is what the parsed content adds to what went out.
 
 from __future__ import annotations
 
+from service.decode.text import releasable_length
 from service.tools.function_gemma import OPEN as FUNCTION_GEMMA_OPEN
 from service.tools.hermes import OPEN as HERMES_OPEN
 
@@ -71,18 +72,7 @@ class ToolTextGate:
         found = [at for marker in CALL_MARKERS if (at := text.find(marker, self._sent)) >= 0]
         if found:
             end, self._held = min(found), True
-        else:
-            end -= _partial_marker(text)
+        else:  # an end that may become a marker waits, as one that may become a stop does
+            end = releasable_length(text, CALL_MARKERS)
         end = len(text[:end].rstrip())
         return max(end, self._sent)
-
-
-def _partial_marker(text: str) -> int:
-    """The length of the longest end of `text` that a call marker starts with."""
-    longest = 0
-    for marker in CALL_MARKERS:
-        for size in range(min(len(marker) - 1, len(text)), longest, -1):
-            if text.endswith(marker[:size]):
-                longest = size
-                break
-    return longest
