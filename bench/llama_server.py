@@ -38,12 +38,21 @@ GPU_FLAGS = ["-ngl", "99", "-fa", "on", "-b", "2048", "-ub", "512"]
 
 @contextmanager
 def llama_server(
-    binary: str, model: str, slots: int, context: int, flags: list[str] = GPU_FLAGS
+    binary: str,
+    model: str,
+    slots: int,
+    context: int,
+    flags: list[str] = GPU_FLAGS,
+    *,
+    unified: bool = True,
 ) -> Iterator[str]:
-    """A running llama-server with a slot per stream and one KV cache for all (-kvu),
-    plus `flags`; its base URL."""
+    """A running llama-server with a slot per stream, plus `flags`; its base URL.
+
+    `context` is the cells of all slots together: one KV cache shared by all of
+    them (-kvu) when `unified`, else an equal share for each slot."""
     port = free_port("127.0.0.1")
-    command = [binary, "-m", model, "-np", str(slots), "-c", str(context), "-kvu", *flags]
+    command = [binary, "-m", model, "-np", str(slots), "-c", str(context), *flags]
+    command += ["-kvu"] if unified else []
     command += ["--host", "127.0.0.1", "--port", str(port)]
     process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     url = f"http://127.0.0.1:{port}"

@@ -155,7 +155,7 @@ def report(results: list[Figures], args: argparse.Namespace, work: list[Request]
     print(
         f"{args.dataset}, {len(work)} requests, {load}; prompts {prompt:.0f} tokens on "
         f"average ({args.input_len}), outputs up to {args.output_len}; "
-        f"{'sampled' if args.sampled else 'greedy'}"
+        f"{'sampled' if args.sampled else 'greedy'}; {args.kv_layout} KV cache"
     )
     print("server        req/s  out tok/s  TTFT p50/p90/p99 ms     ITL p50/p99 ms  goodput  cpu")
     for r in results:
@@ -207,6 +207,13 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--llama-server", help="a llama-server binary to compare against")
     parser.add_argument("--threads", type=int, default=available_cores())
     parser.add_argument("--gpu-layers", type=int, default=0)
+    parser.add_argument(
+        "--kv-layout",
+        choices=("unified", "per-sequence"),
+        default="unified",
+        help="the KV cache layout of both servers: one pool (llama-server -kvu) or a "
+        "cache per sequence (llama-server's slots without -kvu)",
+    )
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", type=Path)
     return parser.parse_args()
@@ -228,8 +235,10 @@ def main() -> None:
     slots = args.concurrency
     longest = max(r.prompt_tokens + r.max_tokens for r in work) + 16
     context = slots * longest
+    unified = args.kv_layout == "unified"
     sampling = dict(SAMPLED) if args.sampled else None
-    flags = ["--parallel-sequences", str(slots), "--context-size", str(context)]
+    flags = ["--parallel-sequences", str(slots), "--kv-layout", args.kv_layout]
+    flags += ["--context-size", str(context if unified else longest)]
     flags += ["--gpu-layers", str(args.gpu_layers)]
     if args.model_path:
         args.model = "bench"
@@ -239,7 +248,8 @@ def main() -> None:
         results.append(asyncio.run(run_one(lambda: ServiceTarget(address, sampling), work, args)))
     if args.llama_server:
         flags = llama_server_flags(args.threads, args.gpu_layers)
-        with llama_server(args.llama_server, str(path), slots, context, flags) as url:
+        server = llama_server(args.llama_server, str(path), slots, context, flags, unified=unified)
+        with server as url:
             results.append(
                 asyncio.run(run_one(lambda: LlamaServerTarget(url, sampling), work, args))
             )

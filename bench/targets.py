@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -96,15 +97,15 @@ class LlamaServerTarget:
         try:
             async with self._client.stream("POST", self._url, json=body) as answer:
                 answer.raise_for_status()
-                async for line in answer.aiter_lines():
+                async for line in _sse_lines(answer.aiter_bytes()):
                     self._read(outcome, line)
         except httpx2.HTTPError as error:
             outcome.error = f"{type(error).__name__}: {error}"
         return outcome
 
     @staticmethod
-    def _read(outcome: Outcome, line: str) -> None:
-        if not line.startswith("data: "):
+    def _read(outcome: Outcome, line: bytes) -> None:
+        if not line.startswith(b"data: "):
             return
         chunk = json.loads(line[6:])
         if chunk.get("stop"):  # the summary: no token of its own
@@ -113,6 +114,21 @@ class LlamaServerTarget:
 
     async def close(self) -> None:
         await self._client.aclose()
+
+
+async def _sse_lines(chunks: AsyncIterator[bytes]) -> AsyncIterator[bytes]:
+    """The lines of a server-sent event stream, split at newlines only.
+
+    A generated token can be U+2028 or another character that `str.splitlines`
+    (and so an HTTP client's line iterator) also breaks at, and llama-server
+    writes such characters unescaped inside its JSON strings."""
+    pending = b""
+    async for chunk in chunks:
+        *lines, pending = (pending + chunk).split(b"\n")
+        for line in lines:
+            yield line.rstrip(b"\r")
+    if pending:
+        yield pending
 
 
 def _arrived(outcome: Outcome, tokens: int) -> None:

@@ -2,14 +2,17 @@
 
 from __future__ import annotations
 
+import asyncio
 import itertools
+import json
 import statistics
+from collections.abc import AsyncIterator
 
 import llama_cpp
 import pytest
 
 from bench.serving import figures
-from bench.targets import Outcome, _arrived
+from bench.targets import Outcome, _arrived, _sse_lines
 from bench.workload import Lengths, Texts, parse_range, poisson_gaps, requests
 from service.models.embedded import EMBEDDED_MODELS
 from tests.conftest import GEMMA
@@ -91,3 +94,20 @@ def test_a_message_of_several_tokens_spreads_its_gap() -> None:
     gaps = [b - a for a, b in zip([first, *outcome.token_times], outcome.token_times, strict=False)]
     assert outcome.output_tokens == 5
     assert max(gaps) - min(gaps) < 1e-6  # equal shares of one gap
+
+
+def test_event_stream_lines_break_at_newlines_only() -> None:
+    # llama-server writes U+2028 raw inside its JSON; a str line iterator breaks there.
+    event = json.dumps({"content": "a\u2028b\x85"}, ensure_ascii=False).encode()
+    sent = [b"data: " + event[:9], event[9:] + b"\r\n\ndata: ", b'{"stop": true}']
+
+    async def lines() -> list[bytes]:
+        async def chunks() -> AsyncIterator[bytes]:
+            for chunk in sent:
+                yield chunk
+
+        return [line async for line in _sse_lines(chunks())]
+
+    got = asyncio.run(lines())
+    assert got == [b"data: " + event, b"", b'data: {"stop": true}']
+    assert json.loads(got[0][6:])["content"] == "a\u2028b\x85"
