@@ -35,6 +35,7 @@ from bench.llama_server import GPU_FLAGS, llama_server
 from bench.server import SAMPLED, running_server
 from bench.targets import LlamaServerTarget, Outcome, ServiceTarget, Target
 from bench.workload import Lengths, Request, Texts, parse_range, poisson_gaps, requests
+from service.backends.names import kv_layout_on
 from service.config import available_cores
 from service.models.embedded import EMBEDDED_MODELS
 
@@ -209,10 +210,11 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--gpu-layers", type=int, default=0)
     parser.add_argument(
         "--kv-layout",
-        choices=("unified", "per-sequence"),
-        default="unified",
+        choices=("auto", "unified", "per-sequence"),
+        default="auto",
         help="the KV cache layout of both servers: one pool (llama-server -kvu) or a "
-        "cache per sequence (llama-server's slots without -kvu)",
+        "cache per sequence (llama-server's slots without -kvu); auto, the service's "
+        "default, is per-sequence with --gpu-layers on a GPU build, else unified",
     )
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", type=Path)
@@ -235,6 +237,8 @@ def main() -> None:
     slots = args.concurrency
     longest = max(r.prompt_tokens + r.max_tokens for r in work) + 16
     context = slots * longest
+    on_gpu = args.gpu_layers != 0 and llama_cpp.llama_supports_gpu_offload()
+    args.kv_layout = kv_layout_on(args.kv_layout, on_gpu)
     unified = args.kv_layout == "unified"
     sampling = dict(SAMPLED) if args.sampled else None
     flags = ["--parallel-sequences", str(slots), "--kv-layout", args.kv_layout]

@@ -343,11 +343,13 @@ class ModelOptionSettings(BaseModel):
         "stays in the cache; older ones are parked in host memory).",
     )
     kv_layout: KvLayout = Field(
-        default="unified",
+        default="auto",
         description="How a llama.cpp model's KV cache holds its sequences. unified: one "
         "pool of --context-size cells shared by all of them. per-sequence: --context-size "
-        "cells for each (--parallel-sequences plus --cached-sequences times the memory); on "
-        "a GPU it keeps throughput rising past about 32 concurrent streams.",
+        "cells for each (--parallel-sequences plus --cached-sequences times the memory), and "
+        "each token attends to its own sequence's cells only. auto: per-sequence for a model "
+        "on a GPU, where it keeps throughput rising with the streams, unified on the CPU, "
+        "where memory is the tighter budget.",
     )
     stream_interval: int = Field(
         default=1,

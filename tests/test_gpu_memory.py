@@ -15,6 +15,7 @@ import pytest
 
 from service.admission import Capability, Decision, decide, gates
 from service.admission.describe import describe_gguf
+from service.backends.names import kv_layout_on
 from service.engine.model_options import ModelOptions
 from service.memory import MemoryNeed, offloaded_share
 from service.model_source import ModelSource
@@ -81,6 +82,20 @@ def test_a_per_sequence_layout_counts_a_cache_for_every_sequence(four_layer_gguf
     assert per_sequence.parked_bytes == 0
 
 
+def test_the_automatic_layout_is_a_cache_per_sequence_only_on_a_gpu(
+    four_layer_gguf: Path,
+) -> None:
+    cuda = Decision(True, "", "llama.cpp", describe_gguf(four_layer_gguf), True, offloads=True)
+    on_the_gpu = memory_need(cuda, spec(context_size=1024, gpu_layers=-1))
+    assert on_the_gpu.kv_cache_bytes == 12 * cuda.memory(1024).kv_cache_bytes
+    on_the_cpu = memory_need(cuda, spec(context_size=1024, gpu_layers=0))
+    assert on_the_cpu.kv_cache_bytes == cuda.memory(1024).kv_cache_bytes
+    assert kv_layout_on("auto", on_gpu=True) == "per-sequence"
+    assert kv_layout_on("auto", on_gpu=False) == "unified"
+    assert kv_layout_on("unified", on_gpu=True) == "unified"
+    assert kv_layout_on("per-sequence", on_gpu=False) == "per-sequence"
+
+
 def test_admission_asks_the_build_whether_it_offloads(four_layer_gguf: Path) -> None:
     decision = decide(ModelSource("gguf", four_layer_gguf), Capability.TEXT, offline=True)
     assert decision.admitted, decision.reason
@@ -145,7 +160,7 @@ def test_a_unified_pool_may_exceed_the_trained_window_and_one_sequence_may_not(
     # The fixture's model was trained for 2048 tokens.
     cuda = Decision(True, "", "llama.cpp", describe_gguf(four_layer_gguf), True, offloads=True)
     per_token = cuda.memory(1).kv_cache_bytes
-    unified = spec(context_size=8192, gpu_layers=-1)
+    unified = spec(context_size=8192, gpu_layers=-1, kv_layout="unified")
     assert memory_need(cuda, unified).kv_cache_bytes == 8192 * per_token
     assert cuda.memory(8192).kv_cache_bytes == 2048 * per_token
     per_sequence = memory_need(

@@ -53,15 +53,20 @@ def llama_cpp_refusal(description: ModelDescription) -> str | None:
 
 
 @cache
+def llama_cpp_computes_on_gpu() -> bool:
+    """Whether this build of llama.cpp can run layers on a GPU (CUDA, Metal, ...)."""
+    import llama_cpp
+
+    return bool(llama_cpp.llama_supports_gpu_offload())
+
+
 def llama_cpp_offloads() -> bool:
     """Whether this build of llama.cpp puts layers in memory apart from the host's (CUDA).
 
     Apple GPUs share the host's memory, so layers offloaded through Metal still
     count against the host budget.
     """
-    import llama_cpp
-
-    return bool(llama_cpp.llama_supports_gpu_offload()) and sys.platform != "darwin"
+    return llama_cpp_computes_on_gpu() and sys.platform != "darwin"
 
 
 @lru_cache(maxsize=128)  # bounded: the name comes from whatever file was admitted

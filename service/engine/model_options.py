@@ -27,7 +27,7 @@ class ModelOptions:
     # Generations of this model decoded together, and finished ones kept cached.
     parallel_sequences: int = 8
     cached_sequences: int = 4
-    kv_layout: KvLayout = "unified"
+    kv_layout: KvLayout = "auto"
     # Tokens per streamed message after the first.
     stream_interval: int = 1
 

@@ -40,7 +40,8 @@ from typing import Any
 import structlog
 
 from service.admission import Capability, Decision, not_downloaded
-from service.backends.names import LLAMA_CPP
+from service.admission.gates import llama_cpp_computes_on_gpu
+from service.backends.names import LLAMA_CPP, kv_layout_on
 from service.engine.base import Engine, EngineCrashed, EngineHooks
 from service.engine.crash_backoff import CrashHistory
 from service.errors import NotSupported, Overloaded
@@ -146,7 +147,9 @@ def memory_need(decision: Decision, spec: ModelSpec) -> MemoryNeed:
     options = spec.options
     if decision.backend != LLAMA_CPP:
         return decision.memory(options.context_size, options.gpu_layers)
-    if options.kv_layout == "per-sequence":
+    # As the backend settles "auto": by whether its layers compute on a GPU.
+    on_gpu = options.gpu_layers != 0 and (decision.offloads or llama_cpp_computes_on_gpu())
+    if kv_layout_on(options.kv_layout, on_gpu) == "per-sequence":
         sequences = options.parallel_sequences + options.cached_sequences
         return decision.memory(options.context_size, options.gpu_layers, sequences)
     need = decision.memory(options.context_size, options.gpu_layers, pooled=True)

@@ -2,13 +2,13 @@
 
 Concurrent requests to one model decode together: every scheduler step
 evaluates one batch holding the next token of each running sequence and
-chunks of the prompts still being read. The context's KV cache is unified:
-its cells are shared by all sequences, each under its own sequence id, and a
-finished sequence's tokens stay cached for the next request that extends
-them (see `kv_slots`). With `kv_layout="per-sequence"` each sequence has a
-cache of its own instead: more memory, and attention that no longer spans
-every other sequence's cells, which is what keeps throughput rising with the
-number of streams on a GPU.
+chunks of the prompts still being read. On the CPU the context's KV cache is
+unified by default: its cells are shared by all sequences, each under its own
+sequence id, and a finished sequence's tokens stay cached for the next request
+that extends them (see `kv_slots`). On a GPU (or with `kv_layout="per-sequence"`)
+each sequence has a cache of its own instead: more memory, and attention that no
+longer spans every other sequence's cells, which is what keeps throughput rising
+with the number of streams.
 
 llama-cpp-python's low-level names change between releases; pyproject pins
 the version and tests/test_llama_batching.py exercises each name used here.
@@ -41,7 +41,7 @@ from service.backends.llama_cpp.kv_slots import Placement, Slot, SlotTable
 from service.backends.llama_cpp.logprobs import token_logprob
 from service.backends.llama_cpp.own_draws import OwnDraws
 from service.backends.llama_cpp.sampling import Logits, SamplerChain, SamplingRefused
-from service.backends.names import LLAMA_CPP, FlashAttention, KvLayout
+from service.backends.names import LLAMA_CPP, FlashAttention, KvLayout, kv_layout_on
 from service.backends.row_threads import RowThreads
 from service.backends.step_plan import Seat, plan_step
 from service.errors import BackendFailure
@@ -77,8 +77,9 @@ class LlamaCppOptions:
     main_gpu: int = 0
     flash_attention: FlashAttention = "auto"
     # "unified": one pool of cells shared by every sequence, `context_size` in all;
-    # "per-sequence": `context_size` cells for each sequence, running or cached.
-    kv_layout: KvLayout = "unified"
+    # "per-sequence": `context_size` cells for each sequence, running or cached;
+    # "auto": per-sequence on a GPU, unified on the CPU (see `kv_layout_on`).
+    kv_layout: KvLayout = "auto"
     batch_size: int = 512
     # Sequences decoded together in one step.
     max_sequences: int = 8
@@ -107,6 +108,10 @@ def prefill_chunk_for(options: LlamaCppOptions, computes_off_cpu: bool) -> int:
     if options.prefill_chunk is not None:
         return options.prefill_chunk
     return options.batch_size if computes_off_cpu else CPU_PREFILL_CHUNK
+
+
+def _computes_off_cpu(options: LlamaCppOptions) -> bool:
+    return options.gpu_layers != 0 and bool(llama_cpp.llama_supports_gpu_offload())
 
 
 def _load_model(path: Path, options: LlamaCppOptions) -> LlamaModel:
@@ -162,6 +167,8 @@ class LlamaCppBackend:
     """One GGUF model loaded with llama.cpp. Not thread-safe: one worker owns it."""
 
     def __init__(self, path: Path, options: LlamaCppOptions) -> None:
+        layout = kv_layout_on(options.kv_layout, _computes_off_cpu(options))
+        options = replace(options, kv_layout=layout)
         self._options = options
         self._model = _load_model(path, options)
         # A sequence longer than the model was trained for gives garbage, so each
@@ -219,7 +226,7 @@ class LlamaCppBackend:
 
     @property
     def computes_off_cpu(self) -> bool:
-        return self._options.gpu_layers != 0 and bool(llama_cpp.llama_supports_gpu_offload())
+        return _computes_off_cpu(self._options)
 
     @property
     def chat_template(self) -> str | None:
