@@ -39,3 +39,18 @@ def test_two_different_grace_periods_are_refused() -> None:
     with pytest.raises(SystemExit, match="give it once"):
         parse_args(["--grace-period", "30", "--", "--grace-period", "60"])
     assert parse_args(["--grace-period", "60", "--", "--grace-period", "60"]).grace_period == 60
+
+
+def test_the_replicas_environment_sets_the_grace_period_when_no_flag_does(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """It used to be overridden by the launcher's default flag."""
+    monkeypatch.setenv("INFERENCE_GRACE_PERIOD", "45")
+    args = parse_args(["--", "--threads", "1"])
+    assert args.grace_period == 45  # the launcher waits that long for them
+    assert _replicas_grace(args.server_args) == []  # they read the variable themselves
+    flagged = parse_args(["--grace-period", "30", "--", "--threads", "1"])
+    assert _replicas_grace(flagged.server_args) == ["30.0"]  # a flag still wins
+    monkeypatch.setenv("INFERENCE_GRACE_PERIOD", "soon")
+    with pytest.raises(SystemExit, match="INFERENCE_GRACE_PERIOD='soon'"):
+        parse_args(["--", "--threads", "1"])

@@ -20,6 +20,7 @@ import contextlib
 import ctypes
 import functools
 import json
+import os
 import shutil
 import signal
 import socket
@@ -38,6 +39,7 @@ import structlog
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from service.cluster.envoy_config import Address, Endpoints, EnvoyLayout, HttpLayout, render
+from service.config import ENV_PREFIX
 from service.log import configure
 
 log = structlog.get_logger("cluster")
@@ -48,6 +50,8 @@ START_TIMEOUT = 120.0
 HTTP_PORT_OFFSET = 100
 # Seconds in-flight streams get when a replica drains, unless told otherwise.
 DEFAULT_GRACE_PERIOD = 10.0
+# The servers' own setting, from the environment the replicas inherit.
+GRACE_PERIOD_VARIABLE = f"{ENV_PREFIX}GRACE_PERIOD"
 
 
 @dataclass
@@ -377,7 +381,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--grace-period",
         type=float,
         help=f"The replicas' --grace-period (default {DEFAULT_GRACE_PERIOD:g}; one given "
-        "after -- counts too).",
+        f"after -- counts too, and with neither, {GRACE_PERIOD_VARIABLE}).",
     )
     parser.add_argument(
         "--log-format", choices=["auto", "json", "console"], default="auto", help="Log lines."
@@ -404,11 +408,16 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
 def _settle_grace_period(args: argparse.Namespace) -> None:
     """One grace period for the replicas and for the launcher's wait on them: the
     launcher's flag, or the servers' own after `--` (which used to be overridden
-    silently by the launcher's default); both, only when they agree."""
+    silently by the launcher's default); both, only when they agree. With neither,
+    the replicas' environment (INFERENCE_GRACE_PERIOD), which they read themselves."""
     servers = argparse.ArgumentParser(add_help=False, allow_abbrev=False)
     servers.add_argument("--grace-period", type=float)
     given = servers.parse_known_args(args.server_args)[0].grace_period
     if given is None:
+        from_environment = os.environ.get(GRACE_PERIOD_VARIABLE, "").strip()
+        if args.grace_period is None and from_environment:
+            args.grace_period = _seconds(from_environment, GRACE_PERIOD_VARIABLE)
+            return
         if args.grace_period is None:
             args.grace_period = DEFAULT_GRACE_PERIOD
         args.server_args += ["--grace-period", str(args.grace_period)]
@@ -419,6 +428,16 @@ def _settle_grace_period(args: argparse.Namespace) -> None:
         )
     else:
         args.grace_period = given
+
+
+def _seconds(text: str, name: str) -> float:
+    try:
+        seconds = float(text)
+    except ValueError:
+        seconds = -1.0
+    if not seconds >= 0:  # also refuses nan
+        raise SystemExit(f"{name}={text!r} is not a number of seconds")
+    return seconds
 
 
 def main(argv: Sequence[str] | None = None) -> None:
