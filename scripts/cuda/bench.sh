@@ -89,8 +89,9 @@ if [ -n "$server" ]; then
 fi
 # Real traffic (issue 28): distinct ~155-token prompts and 128-token answers at 32 and
 # 128 streams through the service and llama-server, default settings apart from the
-# sequence count and context, then llama.cpp's batched loop at the same lengths: the
-# ceiling the service is measured against.
+# sequence count and context (so a KV cache per sequence, as llama-server's slots
+# without -kvu), then llama.cpp's batched loop at the same lengths in both layouts: the
+# ceilings the service is measured against.
 for streams in ${SERVING_STREAMS:-32 128}; do
     timeout 300 "$python" -m bench.serving --model-path "$model" --gpu-layers -1 \
         --input-len 155 --output-len 128 --num-prompts $((streams * 2)) --concurrency "$streams" \
@@ -99,8 +100,11 @@ for streams in ${SERVING_STREAMS:-32 128}; do
         || { tail -20 "$out/serving-$streams.err"; status=1; }
 done
 if [ -n "$batched_bench" ]; then
-    timeout 120 "$batched_bench" -m "$model" -ngl 99 -fa on -c 65536 -b 2048 -ub 512 -kvu \
-        -npp 155 -ntg 128 -npl "${SERVING_STREAMS_LIST:-32,128}" 2>"$out/batched-bench-serving.err" \
-        | tee "$out/batched-bench-serving.md" || echo "llama-batched-bench (serving) failed" >&2
+    for layout in -kvu -no-kvu; do
+        timeout 120 "$batched_bench" -m "$model" -ngl 99 -fa on -c 65536 -b 2048 -ub 512 "$layout" \
+            -npp 155 -ntg 128 -npl "${SERVING_STREAMS_LIST:-32,128}" \
+            2>"$out/batched-bench-serving$layout.err" | tee "$out/batched-bench-serving$layout.md" \
+            || echo "llama-batched-bench $layout (serving) failed" >&2
+    done
 fi
 exit $status
