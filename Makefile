@@ -71,11 +71,14 @@ protos:
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache
 
-# LLAMA_SERVER=PATH/llama-server adds llama.cpp's own server beside the service in bench.serving.
+# LLAMA_SERVER=PATH/llama-server adds llama.cpp's own server beside the service in bench.serving,
+# BATCHED_BENCH=PATH/llama-batched-bench its batched loop as the ceiling row.
 LLAMA_SERVER ?=
+BATCHED_BENCH ?=
 bench:
 	$(BIN)/python -m bench.serving --num-prompts 24 --input-len 150 --output-len 64 \
-		--concurrency 8 $(if $(LLAMA_SERVER),--llama-server $(LLAMA_SERVER))
+		--concurrency 8 $(if $(LLAMA_SERVER),--llama-server $(LLAMA_SERVER)) \
+		$(if $(BATCHED_BENCH),--batched-bench $(BATCHED_BENCH))
 	$(BIN)/python -m bench.generate
 	$(BIN)/python -m bench.http
 	$(BIN)/python -m bench.image

@@ -2,7 +2,8 @@
 
     python -m bench.serving [--model gemma3-270m] [--dataset random] [--num-prompts 64]
         [--input-len 100:2000] [--output-len 32:512] [--concurrency 8 | --request-rate 4]
-        [--llama-server PATH/llama-server] [--sampled] [--out DIR]
+        [--llama-server PATH/llama-server] [--batched-bench PATH/llama-batched-bench]
+        [--sampled] [--out DIR]
 
 Distinct prompts of the drawn lengths (bench.workload: random, shared-prefix or
 multi-turn; seeded) go to the service, started in a subprocess with its
@@ -14,7 +15,9 @@ server it prints requests/s, output tokens/s, TTFT p50/p90/p99, inter-token
 latency p50/p99 and goodput (requests/s that met `--slo-ttft-ms` and
 `--slo-itl-ms`), the ratios against llama-server, and the load generator's own
 CPU use (one asyncio process; if it nears 100% of a core, the figures are the
-client's, not the server's). `--out` writes the figures as JSON and a chart.
+client's, not the server's). With `--batched-bench`, llama.cpp's own batched
+loop runs at the same lengths and batch (bench.ceiling) as the ceiling row. `--out`
+writes the figures as JSON and a chart.
 """
 
 from __future__ import annotations
@@ -30,6 +33,7 @@ from pathlib import Path
 
 import llama_cpp
 
+from bench.ceiling import Ceiling, batched_bench_command, measure
 from bench.chart import bar_chart
 from bench.llama_server import GPU_FLAGS, llama_server
 from bench.server import SAMPLED, running_server
@@ -179,9 +183,40 @@ def report(results: list[Figures], args: argparse.Namespace, work: list[Request]
         print("the load generator used over 80% of a core: the figures may be its own")
 
 
-def write(results: list[Figures], out: Path) -> None:
+def measure_ceiling(args: argparse.Namespace, model: str, unified: bool) -> Ceiling:
+    """llama-batched-bench at the run's lengths, batch and KV layout."""
+    lengths = (parse_range(args.input_len)[0], parse_range(args.output_len)[0])
+    command = batched_bench_command(
+        args.batched_bench,
+        model,
+        lengths,
+        args.concurrency,
+        unified=unified,
+        gpu_layers=args.gpu_layers,
+        threads=args.threads,
+    )
+    return measure(command, args.concurrency)
+
+
+def report_ceiling(service: Figures, ceiling: Ceiling) -> None:
+    print(
+        f"llama-batched-bench {ceiling.layout}, {ceiling.streams} sequences: "
+        f"{ceiling.output_tokens_per_second:.1f} output tok/s over its whole run, prompts "
+        f"in {ceiling.prefill_seconds * 1000:.0f} ms, a decode step {ceiling.step_ms:.1f} ms"
+    )
+    print(
+        f"service / ceiling: output tokens/s "
+        f"{service.output_tokens_per_second / ceiling.output_tokens_per_second:.2f}x, "
+        f"TTFT p50 {service.ttft_ms['p50'] / (ceiling.prefill_seconds * 1000):.2f}x its "
+        f"prompt time, ITL p50 {service.itl_ms['p50'] / ceiling.step_ms:.2f}x its step"
+    )
+
+
+def write(results: list[Figures], out: Path, ceiling: Ceiling | None = None) -> None:
     out.mkdir(parents=True, exist_ok=True)
     (out / "serving.json").write_text(json.dumps([asdict(r) for r in results], indent=2))
+    if ceiling:
+        (out / "ceiling.json").write_text(json.dumps(asdict(ceiling), indent=2))
     groups = ["TTFT p50", "TTFT p90", "TTFT p99", "ITL p50 x10", "ITL p99 x10"]
     series: dict[str, Sequence[float]] = {
         r.server: [*r.ttft_ms.values(), r.itl_ms["p50"] * 10, r.itl_ms["p99"] * 10] for r in results
@@ -206,6 +241,11 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--slo-ttft-ms", type=float, default=2000)
     parser.add_argument("--slo-itl-ms", type=float, default=200)
     parser.add_argument("--llama-server", help="a llama-server binary to compare against")
+    parser.add_argument(
+        "--batched-bench",
+        help="a llama-batched-bench binary: the ceiling row, at fixed --input-len and "
+        "--output-len and a batch of --concurrency, in the service's KV layout",
+    )
     parser.add_argument("--threads", type=int, default=available_cores())
     parser.add_argument("--gpu-layers", type=int, default=0)
     parser.add_argument(
@@ -218,7 +258,11 @@ def parse_args() -> argparse.Namespace:
     )
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", type=Path)
-    return parser.parse_args()
+    args = parser.parse_args()
+    fixed = all(":" not in text for text in (args.input_len, args.output_len))
+    if args.batched_bench and not (fixed and args.dataset == "random"):
+        parser.error("--batched-bench needs the random dataset with fixed lengths")
+    return args
 
 
 def main() -> None:
@@ -258,8 +302,12 @@ def main() -> None:
                 asyncio.run(run_one(lambda: LlamaServerTarget(url, sampling), work, args))
             )
     report(results, args, work)
+    ceiling = None
+    if args.batched_bench:
+        ceiling = measure_ceiling(args, str(path), unified)
+        report_ceiling(results[0], ceiling)
     if args.out:
-        write(results, args.out)
+        write(results, args.out, ceiling)
 
 
 if __name__ == "__main__":

@@ -11,6 +11,7 @@ from collections.abc import AsyncIterator
 import llama_cpp
 import pytest
 
+from bench.ceiling import batched_bench_command, parse_table
 from bench.serving import figures
 from bench.targets import Outcome, _arrived, _sse_lines
 from bench.workload import Lengths, Texts, parse_range, poisson_gaps, requests
@@ -111,3 +112,42 @@ def test_event_stream_lines_break_at_newlines_only() -> None:
     got = asyncio.run(lines())
     assert got == [b"data: " + event, b"", b'data: {"stop": true}']
     assert json.loads(got[0][6:])["content"] == "a\u2028b\x85"
+
+
+# What llama-batched-bench printed on the H200 (2026-12-02), header lines included.
+BATCHED_BENCH_TABLE = """\
+main: n_kv_max = 65536, n_batch = 2048, n_ubatch = 512, flash_attn = 1, is_pp_shared = 0
+
+|    PP |     TG |    B |   N_KV |   T_PP s | S_PP t/s |   T_TG s | S_TG t/s |      T s |    S t/s |
+|-------|--------|------|--------|----------|----------|----------|----------|----------|----------|
+|   155 |    128 |    1 |    283 |    0.023 |  6739.13 |    0.154 |   830.75 |    0.177 |  1598.17 |
+|   155 |    128 |   32 |   9056 |    0.141 | 35109.82 |    0.450 |  9106.65 |    0.591 | 15321.83 |
+"""
+
+
+def test_the_ceiling_is_generated_tokens_over_the_batched_loop_s_whole_run() -> None:
+    ceiling = parse_table(BATCHED_BENCH_TABLE, 32, "-no-kvu")
+    assert ceiling.output_tokens_per_second == pytest.approx(32 * 128 / 0.591)
+    assert ceiling.prefill_seconds == pytest.approx(0.141)
+    assert ceiling.step_ms == pytest.approx(450 / 128)
+    assert parse_table(BATCHED_BENCH_TABLE, 1, "-kvu").output_tokens_per_second == (
+        pytest.approx(128 / 0.177)
+    )
+    with pytest.raises(ValueError, match="no row for 128"):
+        parse_table(BATCHED_BENCH_TABLE, 128, "-kvu")
+
+
+def test_the_ceiling_runs_in_the_service_s_layout_and_placement() -> None:
+    on_gpu = batched_bench_command(
+        "bb", "m.gguf", (155, 128), 32, unified=False, gpu_layers=-1, threads=2
+    )
+    assert on_gpu[on_gpu.index("-npp") + 1 :][:4] == ["155", "-ntg", "128", "-npl"]
+    assert {"-no-kvu", "-ngl"} <= set(on_gpu)
+    assert "-t" not in on_gpu
+    assert int(on_gpu[on_gpu.index("-c") + 1]) >= 32 * (155 + 128)
+    on_cpu = batched_bench_command(
+        "bb", "m.gguf", (150, 64), 8, unified=True, gpu_layers=0, threads=2
+    )
+    assert "-kvu" in on_cpu
+    assert "-ngl" not in on_cpu
+    assert on_cpu[on_cpu.index("-t") + 1] == "2"

@@ -95,7 +95,8 @@ fi
 for streams in ${SERVING_STREAMS:-32 128}; do
     timeout 300 "$python" -m bench.serving --model-path "$model" --gpu-layers -1 \
         --input-len 155 --output-len 128 --num-prompts $((streams * 2)) --concurrency "$streams" \
-        ${server:+--llama-server "$server"} --out "$out/serving-$streams" \
+        ${server:+--llama-server "$server"} ${batched_bench:+--batched-bench "$batched_bench"} \
+        --out "$out/serving-$streams" \
         2>"$out/serving-$streams.err" | tee "$out/serving-$streams.txt" \
         || { tail -20 "$out/serving-$streams.err"; status=1; }
 done
