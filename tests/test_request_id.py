@@ -9,6 +9,8 @@ import pytest
 
 from inference.v1 import inference_pb2 as pb
 from inference.v1 import inference_pb2_grpc as pb_grpc
+from service.admission.gates import llama_cpp_computes_on_gpu
+from service.backends.names import kv_layout_on
 from tests.conftest import GEMMA
 from tests.server_process import server_process, wait_until_serving
 
@@ -98,6 +100,9 @@ def test_the_engine_s_lines_about_a_request_carry_its_id_too() -> None:
     lines = [json.loads(line) for line in server.log if line.startswith("{")]
     loads = [line for line in lines if line["event"] == "model loaded"]
     engine_pid = next(line["engine_pid"] for line in loads if line["model"] == GEMMA)
+    # The load line says which KV layout "auto" became (the shared pool on the CPU).
+    layout = kv_layout_on("auto", on_gpu=llama_cpp_computes_on_gpu())
+    assert {line["kv_layout"] for line in loads if line["model"] == GEMMA} == {layout}
     mine = [line for line in lines if line.get("request_id") == "engine-29"]
     # The relay stamps each line an engine wrote with that engine's pid.
     from_engine = {line["event"] for line in mine if line.get("engine_pid") == engine_pid}

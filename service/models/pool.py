@@ -41,7 +41,7 @@ import structlog
 
 from service.admission import Capability, Decision, not_downloaded
 from service.admission.gates import llama_cpp_computes_on_gpu
-from service.backends.names import LLAMA_CPP, kv_layout_on
+from service.backends.names import LLAMA_CPP, KvCacheLayout, kv_layout_on
 from service.engine.base import Engine, EngineCrashed, EngineHooks
 from service.engine.crash_backoff import CrashHistory
 from service.errors import NotSupported, Overloaded
@@ -138,6 +138,16 @@ class PoolStats:
     recent_evictions: deque[str] = field(default_factory=lambda: deque(maxlen=100))
 
 
+def kv_cache_layout(decision: Decision, spec: ModelSpec) -> KvCacheLayout | None:
+    """The KV cache layout a llama.cpp model will get (None for other backends): "auto"
+    settled as the backend settles it, by whether its layers compute on a GPU."""
+    if decision.backend != LLAMA_CPP:
+        return None
+    options = spec.options
+    on_gpu = options.gpu_layers != 0 and (decision.offloads or llama_cpp_computes_on_gpu())
+    return kv_layout_on(options.kv_layout, on_gpu)
+
+
 def memory_need(decision: Decision, spec: ModelSpec) -> MemoryNeed:
     """What loading `spec` takes: weights and KV cache and, for llama.cpp on the CPU
     keeping more than one finished conversation, up to one more KV cache's worth of
@@ -145,11 +155,10 @@ def memory_need(decision: Decision, spec: ModelSpec) -> MemoryNeed:
     per-sequence KV layout has a cache for every running and cached sequence, and
     parks nothing; a unified one is one pool of --context-size cells."""
     options = spec.options
-    if decision.backend != LLAMA_CPP:
+    layout = kv_cache_layout(decision, spec)
+    if layout is None:
         return decision.memory(options.context_size, options.gpu_layers)
-    # As the backend settles "auto": by whether its layers compute on a GPU.
-    on_gpu = options.gpu_layers != 0 and (decision.offloads or llama_cpp_computes_on_gpu())
-    if kv_layout_on(options.kv_layout, on_gpu) == "per-sequence":
+    if layout == "per-sequence":
         sequences = options.parallel_sequences + options.cached_sequences
         return decision.memory(options.context_size, options.gpu_layers, sequences)
     need = decision.memory(options.context_size, options.gpu_layers, pooled=True)
@@ -415,6 +424,8 @@ class ModelPool:
             seconds=round(seconds, 2),
             memory=format_bytes(need.host_bytes),
             gpu_memory=format_bytes(need.device_bytes),
+            kv_cache=format_bytes(need.kv_cache_bytes),
+            kv_layout=kv_cache_layout(decision, spec),
         )
         return model
 
