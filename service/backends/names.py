@@ -24,7 +24,7 @@ def kv_layout_on(layout: KvLayout, on_gpu: bool) -> KvCacheLayout:
 
     On a GPU, a cache per sequence keeps each token's attention to its own cells
     (a shared pool's spans every sequence's, masked), which is worth a third more
-    tokens/s at 128 streams and a tenth of the TTFT tail under long mixed prompts
+    tokens/s at 128 streams and a twentieth of the TTFT tail under long mixed prompts
     (docs/gpu.md). Each sequence then holds --context-size cells, so the memory is
     that many times the pool's: on the CPU, where memory is the tighter budget,
     the pool stays the default.
