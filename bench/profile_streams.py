@@ -26,6 +26,7 @@ from pathlib import Path
 import grpc
 
 from bench.generate import short_prompt
+from bench.py_spy import record_command
 from bench.server import Run, running_server, service_run
 from inference.v1 import inference_pb2_grpc as pb_grpc
 from service.config import available_cores
@@ -89,10 +90,8 @@ def profile(args: argparse.Namespace, address: str, pid: int) -> None:
     load = threading.Thread(target=_load_until, args=(address, args, stop), daemon=True)
     load.start()
     time.sleep(2)
-    command = [args.py_spy, "record", "-d", str(args.seconds), "-r", "100", "-p", str(pid)]
-    # --subprocesses: the model runs in an engine process of its own.
-    command += ["-f", "raw", "--threads", "--subprocesses", "-o", str(args.out / "py-spy.txt")]
-    command += ["--native"] if args.native else ["--nonblocking"]
+    out = args.out / "py-spy.txt"
+    command = record_command(args.py_spy, pid, out, seconds=args.seconds, native=args.native)
     done = subprocess.run(command, capture_output=True, text=True, check=False)
     print(f"py-spy exit {done.returncode}: {args.out / 'py-spy.txt'}", done.stderr[-300:])
     load.join()

@@ -36,6 +36,7 @@ import llama_cpp
 from bench.ceiling import Ceiling, batched_bench_command, measure
 from bench.chart import bar_chart
 from bench.llama_server import GPU_FLAGS, llama_server
+from bench.py_spy import recording
 from bench.server import SAMPLED, running_server
 from bench.targets import LlamaServerTarget, Outcome, ServiceTarget, Target
 from bench.workload import Lengths, Request, Texts, parse_range, poisson_gaps, requests
@@ -246,6 +247,11 @@ def parse_args() -> argparse.Namespace:
         help="a llama-batched-bench binary: the ceiling row, at fixed --input-len and "
         "--output-len and a batch of --concurrency, in the service's KV layout",
     )
+    parser.add_argument(
+        "--py-spy",
+        help="a py-spy binary: sample the service's processes during its run into "
+        "OUT/py-spy-service.txt (collapsed stacks; OUT is --out, else bench-results)",
+    )
     parser.add_argument("--threads", type=int, default=available_cores())
     parser.add_argument("--gpu-layers", type=int, default=0)
     parser.add_argument(
@@ -292,8 +298,12 @@ def main() -> None:
         args.model = "bench"
         flags += ["--model", f"bench={path}"]
     results = []
-    with running_server(args.model, args.threads, flags) as (address, _):
-        results.append(asyncio.run(run_one(lambda: ServiceTarget(address, sampling), work, args)))
+    with running_server(args.model, args.threads, flags) as (address, pid):
+        profile = (args.out or Path("bench-results")) / "py-spy-service.txt"
+        with recording(args.py_spy, pid, profile):
+            results.append(
+                asyncio.run(run_one(lambda: ServiceTarget(address, sampling), work, args))
+            )
     if args.llama_server:
         flags = llama_server_flags(args.threads, args.gpu_layers)
         server = llama_server(args.llama_server, str(path), slots, context, flags, unified=unified)

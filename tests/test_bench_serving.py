@@ -7,11 +7,13 @@ import itertools
 import json
 import statistics
 from collections.abc import AsyncIterator
+from pathlib import Path
 
 import llama_cpp
 import pytest
 
 from bench.ceiling import batched_bench_command, parse_table
+from bench.py_spy import record_command
 from bench.serving import figures
 from bench.targets import Outcome, _arrived, _sse_lines
 from bench.workload import Lengths, Texts, parse_range, poisson_gaps, requests
@@ -151,3 +153,14 @@ def test_the_ceiling_runs_in_the_service_s_layout_and_placement() -> None:
     assert "-kvu" in on_cpu
     assert "-ngl" not in on_cpu
     assert on_cpu[on_cpu.index("-t") + 1] == "2"
+
+
+def test_py_spy_follows_the_engine_processes_until_stopped_or_for_the_seconds_given() -> None:
+    until_stopped = record_command("py-spy", 42, Path("out.txt"))
+    assert {"--subprocesses", "--threads", "--nonblocking"} <= set(until_stopped)
+    assert until_stopped[until_stopped.index("-p") + 1] == "42"
+    assert "-d" not in until_stopped
+    timed = record_command("py-spy", 42, Path("out.txt"), seconds=4, native=True)
+    assert timed[timed.index("-d") + 1] == "4"
+    assert "--native" in timed
+    assert "--nonblocking" not in timed  # py-spy refuses the two together
