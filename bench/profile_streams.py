@@ -93,7 +93,7 @@ def profile(args: argparse.Namespace, address: str, pid: int) -> None:
     out = args.out / "py-spy.txt"
     command = record_command(args.py_spy, pid, out, seconds=args.seconds, native=args.native)
     done = subprocess.run(command, capture_output=True, text=True, check=False)
-    print(f"py-spy exit {done.returncode}: {args.out / 'py-spy.txt'}", done.stderr[-300:])
+    print(f"py-spy exit {done.returncode}: {out}", done.stderr[-300:])
     load.join()
 
 

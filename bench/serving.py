@@ -40,6 +40,7 @@ from bench.py_spy import recording
 from bench.server import SAMPLED, running_server
 from bench.targets import LlamaServerTarget, Outcome, ServiceTarget, Target
 from bench.workload import Lengths, Request, Texts, parse_range, poisson_gaps, requests
+from service.admission.gates import llama_cpp_computes_on_gpu
 from service.backends.names import kv_layout_on
 from service.config import available_cores
 from service.models.embedded import EMBEDDED_MODELS
@@ -287,7 +288,8 @@ def main() -> None:
     slots = args.concurrency
     longest = max(r.prompt_tokens + r.max_tokens for r in work) + 16
     context = slots * longest
-    on_gpu = args.gpu_layers != 0 and llama_cpp.llama_supports_gpu_offload()
+    # As the service settles "auto" (see service.models.pool.kv_cache_layout).
+    on_gpu = args.gpu_layers != 0 and llama_cpp_computes_on_gpu()
     args.kv_layout = kv_layout_on(args.kv_layout, on_gpu)
     unified = args.kv_layout == "unified"
     sampling = dict(SAMPLED) if args.sampled else None
