@@ -12,6 +12,7 @@ import llama_cpp
 import pytest
 
 from service.backends.base import SequenceRequest
+from service.backends.llama_cpp import backend as backend_module
 from service.backends.llama_cpp.backend import LlamaCppBackend, LlamaCppOptions, LlamaSequence
 from service.backends.llama_cpp.log import captured_native_log
 from service.decode.scheduler import DecodeScheduler
@@ -30,6 +31,7 @@ LOW_LEVEL_NAMES = (
     "llama_memory_seq_rm",
     "llama_memory_seq_cp",
     "llama_n_seq_max",
+    "llama_n_batch",
     "llama_get_logits_ith",
     "llama_sampler_chain_init",
     "llama_sampler_chain_default_params",
@@ -101,6 +103,37 @@ def run(
         for sequence in sequences:
             backend.finish(sequence)
     return [ids[:tokens] for ids in produced]
+
+
+def test_a_step_holds_512_tokens_on_the_cpu_and_1024_on_a_gpu_unless_configured(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """On a GPU, long prompts arriving beside dozens of decoding streams need the wider
+    step (see GPU_BATCH_SIZE); what the operator sets wins either way. Tried on the CPU
+    by having the backend believe its layers compute on a GPU: llama.cpp's context
+    gets the size it was asked for."""
+    path = EMBEDDED_MODELS[SMOLLM].locate()
+    options = LlamaCppOptions(context_size=1024, threads=2, max_sequences=1, cached_sequences=0)
+
+    def step_sizes(opts: LlamaCppOptions) -> tuple[int, int, int, int]:
+        loaded = LlamaCppBackend(path, opts)
+        try:
+            ctx = loaded._context.ctx
+            batch = loaded._batch.capacity
+            return (
+                llama_cpp.llama_n_batch(ctx),
+                llama_cpp.llama_n_ubatch(ctx),
+                batch,
+                loaded._prefill_chunk,
+            )
+        finally:
+            loaded.close()
+
+    assert step_sizes(options) == (512, 512, 512, backend_module.CPU_PREFILL_CHUNK)
+    assert step_sizes(replace(options, batch_size=256))[:3] == (256, 256, 256)
+    monkeypatch.setattr(backend_module, "_computes_off_cpu", lambda options: True)
+    assert step_sizes(options) == (1024, 1024, 1024, 1024)
+    assert step_sizes(replace(options, batch_size=256)) == (256, 256, 256, 256)
 
 
 def test_sequences_in_one_batch_start_as_they_would_alone(backend: LlamaCppBackend) -> None:

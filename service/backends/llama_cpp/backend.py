@@ -80,7 +80,9 @@ class LlamaCppOptions:
     # "per-sequence": `context_size` cells for each sequence, running or cached;
     # "auto": per-sequence on a GPU, unified on the CPU (see `kv_layout_on`).
     kv_layout: KvLayout = "auto"
-    batch_size: int = 512
+    # The most tokens one step evaluates (llama.cpp's n_batch and n_ubatch). None:
+    # chosen by where the model computes (see `batch_size_for`).
+    batch_size: int | None = None
     # Sequences decoded together in one step.
     max_sequences: int = 8
     # Finished conversations kept in the cache beside the running ones.
@@ -89,6 +91,23 @@ class LlamaCppOptions:
     # that a long newcomer prompt does not stall their streams. None: chosen by
     # where the model computes (see `prefill_chunk_for`).
     prefill_chunk: int | None = None
+
+
+# Under long prompts arriving while dozens of streams decode, a GPU step of 512
+# tokens leaves prompts about 450 beside the streams, too few to keep up with them:
+# prompts queue, and TTFT and every stream's step grow together. With 1,024 the
+# same traffic was read in as it came (H200, docs/benchmarks.md). On a CPU a step
+# of either size costs its tokens' time; 512 keeps the compute buffer small.
+GPU_BATCH_SIZE = 1024
+CPU_BATCH_SIZE = 512
+
+
+def batch_size_for(options: LlamaCppOptions, computes_off_cpu: bool) -> int:
+    """The most tokens one step evaluates: the configured size, else by where the
+    model computes."""
+    if options.batch_size is not None:
+        return options.batch_size
+    return GPU_BATCH_SIZE if computes_off_cpu else CPU_BATCH_SIZE
 
 
 # On a CPU a step's time grows with every token in it: 128 prompt tokens add a few
@@ -107,7 +126,7 @@ def prefill_chunk_for(options: LlamaCppOptions, computes_off_cpu: bool) -> int:
     """
     if options.prefill_chunk is not None:
         return options.prefill_chunk
-    return options.batch_size if computes_off_cpu else CPU_PREFILL_CHUNK
+    return batch_size_for(options, True) if computes_off_cpu else CPU_PREFILL_CHUNK
 
 
 def _computes_off_cpu(options: LlamaCppOptions) -> bool:
@@ -131,14 +150,16 @@ def _load_model(path: Path, options: LlamaCppOptions) -> LlamaModel:
             raise load_refused("llama.cpp", path, reason) from exc
 
 
-def _new_context(model: LlamaModel, options: LlamaCppOptions, size: int) -> LlamaContext:
+def _new_context(
+    model: LlamaModel, options: LlamaCppOptions, size: int, batch_size: int
+) -> LlamaContext:
     params = llama_cpp.llama_context_default_params()
     params.n_seq_max = options.max_sequences + options.cached_sequences
     # Unified: one pool of cells for every sequence, whose prefixes share cells.
     # Per-sequence: llama.cpp splits n_ctx evenly, in multiples of 256 cells.
     params.kv_unified = options.kv_layout == "unified"
     params.n_ctx = size if params.kv_unified else cells_per_sequence(size) * params.n_seq_max
-    params.n_batch = params.n_ubatch = options.batch_size
+    params.n_batch = params.n_ubatch = batch_size
     params.n_threads = params.n_threads_batch = options.threads
     params.flash_attn_type = _FLASH_ATTENTION[options.flash_attention]
     # Keep sliding-window layers' full history, so a cached prefix can be trimmed.
@@ -167,8 +188,8 @@ class LlamaCppBackend:
     """One GGUF model loaded with llama.cpp. Not thread-safe: one worker owns it."""
 
     def __init__(self, path: Path, options: LlamaCppOptions) -> None:
-        layout = kv_layout_on(options.kv_layout, _computes_off_cpu(options))
-        options = replace(options, kv_layout=layout)
+        off_cpu = _computes_off_cpu(options)
+        options = replace(options, kv_layout=kv_layout_on(options.kv_layout, off_cpu))
         self._options = options
         self._model = _load_model(path, options)
         # A sequence longer than the model was trained for gives garbage, so each
@@ -178,7 +199,8 @@ class LlamaCppBackend:
         size = options.context_size
         if options.kv_layout == "per-sequence":
             size = self._within_training(size)
-        self._context = _new_context(self._model, options, size)
+        batch_size = batch_size_for(options, off_cpu)
+        self._context = _new_context(self._model, options, size, batch_size)
         self._memory = llama_cpp.llama_get_memory(self._context.ctx)
         self._vocab = self._model.vocab
         self._n_vocab = self._model.n_vocab()
@@ -196,7 +218,8 @@ class LlamaCppBackend:
             # hundreds of small device-to-host copies on the model's thread.
             keep_live=options.cached_sequences if self.computes_off_cpu else 1,
         )
-        self._batch = Batch(options.batch_size)
+        # llama.cpp caps a step at the context's cells (never fewer than a step can hold).
+        self._batch = Batch(int(llama_cpp.llama_n_batch(self._context.ctx)))
         self._prefill_chunk = prefill_chunk_for(options, self.computes_off_cpu)
         # Runs the scheduler's between-steps work during a GPU's forward pass.
         self._beside = ThreadPoolExecutor(1, thread_name_prefix="beside-forward")
