@@ -4,7 +4,9 @@ bench.generate compares the whole service (gRPC, event loop, scheduler) with a
 hand-written llama.cpp loop. When the service falls behind at many streams,
 this tells the backend's share from the server's: the same prompts, greedy,
 through LlamaCppBackend.start/step/finish in this process, no server, no
-event loop. Prints tokens/s and milliseconds per step for both.
+event loop. Prints tokens/s and milliseconds per step for both, and the step
+of the raw loop that never reads its logits (llama-batched-bench's way): the
+gap between the last two is what taking each step's tokens costs any server.
 
     python -m bench.backend_steps --model-path MODEL [--gpu-layers -1] [--streams 8,64]
 """
@@ -90,7 +92,7 @@ def main() -> None:
     backend_run(backend, warm_up, 8)
     raw.batched_tps(llama, warm_up, 8, threads, unified=unified)
     print(f"{'streams':>8} {'backend tok/s':>14} {'raw tok/s':>10} {'ratio':>6} "
-          f"{'backend ms/step':>16} {'raw ms/step':>12}")  # fmt: skip
+          f"{'backend ms/step':>16} {'raw ms/step':>12} {'unsampled ms/step':>18}")  # fmt: skip
     for index, count in enumerate(streams):
         prompts = [
             list(llama.tokenize(short_prompt(1000 * index + i).encode(), add_bos=True))
@@ -98,10 +100,13 @@ def main() -> None:
         ]
         served, steps = backend_run(backend, prompts, args.tokens)
         direct = raw.batched_tps(llama, prompts, args.tokens, threads, unified=unified)
+        unsampled = raw.batched_tps(
+            llama, prompts, args.tokens, threads, unified=unified, sample=False
+        )
         served_ms = count * args.tokens / served / steps * 1000
-        direct_ms = count / direct * 1000
+        direct_ms, unsampled_ms = count / direct * 1000, count / unsampled * 1000
         print(f"{count:>8} {served:>14.1f} {direct:>10.1f} {served / direct:>6.2f} "
-              f"{served_ms:>16.2f} {direct_ms:>12.2f}")  # fmt: skip
+              f"{served_ms:>16.2f} {direct_ms:>12.2f} {unsampled_ms:>18.2f}")  # fmt: skip
     backend.close()
     llama.close()
 

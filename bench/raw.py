@@ -77,6 +77,7 @@ def batched_tps(
     max_tokens: int,
     threads: int,
     unified: bool = True,
+    sample: bool = True,
 ) -> float:
     """Aggregate tokens/s of greedy decoding of every prompt in one llama.cpp batch.
 
@@ -85,7 +86,10 @@ def batched_tps(
     and the step's tokens taken with one numpy argmax over all its logits
     (a sampler call per sequence copies the whole vocabulary each time).
     Timed from start to the last token, prefill included, as the service is.
-    `unified`: one KV cache for all the sequences, else one each.
+    `unified`: one KV cache for all the sequences, else one each. Without `sample`
+    the logits are never read and each step decodes the last tokens again, as
+    llama-batched-bench does: the loop that need not wait for a step to end
+    before queueing the next, which no server that samples can be.
     """
     count = len(prompts)
     params = llama_cpp.llama_context_default_params()
@@ -112,9 +116,11 @@ def batched_tps(
             _fill(batch, [(last[s], positions[s], s, True) for s in range(count)])
             if llama_cpp.llama_decode(context, batch) != 0:
                 raise RuntimeError("llama_decode failed")
-            logits = np.ctypeslib.as_array(llama_cpp.llama_get_logits(context), (count, vocab))
-            last = np.argmax(logits, axis=1).tolist()
+            if sample:
+                logits = np.ctypeslib.as_array(llama_cpp.llama_get_logits(context), (count, vocab))
+                last = np.argmax(logits, axis=1).tolist()
             positions = [p + 1 for p in positions]
+        llama_cpp.llama_synchronize(context)
         return count * max_tokens / (time.perf_counter() - start)
     finally:
         llama_cpp.llama_sampler_free(sampler)
