@@ -351,6 +351,15 @@ class ModelOptionSettings(BaseModel):
         "on a GPU, where it keeps throughput rising with the streams, unified on the CPU, "
         "where memory is the tighter budget.",
     )
+    batch_size: int | None = Field(
+        default=None,
+        ge=1,
+        le=8192,
+        description="The most tokens one llama.cpp step evaluates (its n_batch and n_ubatch): "
+        "decoding streams first, then prompt chunks. Unset: 1024 when the model computes on a "
+        "GPU, 512 on the CPU. llama.cpp reserves a compute buffer in proportion (about 4 bytes "
+        "per vocabulary entry per token), which the memory budgets do not count.",
+    )
     stream_interval: int = Field(
         default=1,
         ge=1,

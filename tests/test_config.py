@@ -39,11 +39,22 @@ def test_model_flag_is_repeatable(monkeypatch: pytest.MonkeyPatch) -> None:
     }
 
 
+def test_the_step_size_is_chosen_by_the_backend_unless_given(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.delenv("INFERENCE_CONFIG", raising=False)
+    assert load_settings([]).batch_size is None
+    assert load_settings(["--batch-size", "256"]).batch_size == 256
+    monkeypatch.setenv("INFERENCE_BATCH_SIZE", "2048")
+    assert load_settings([]).batch_size == 2048
+
+
 @pytest.mark.parametrize(
     "argv",
     [
         ["--listen", "nope"],
         ["--threads", "0"],
+        ["--batch-size", "0"],
         ["--model", "noequals"],
         # a misspelled flag, not an abbreviation of --max-waiting-sequences
         ["--max-waiting", "0"],

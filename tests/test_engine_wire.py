@@ -110,10 +110,12 @@ def test_an_image_request_crosses_with_its_seed() -> None:
     assert (image.id, image.request_id) == (3, "trace-2")
 
 
-def test_engine_options_cross_whole() -> None:
+@pytest.mark.parametrize("batch_size", [None, 768])
+def test_engine_options_cross_whole(batch_size: int | None) -> None:
     model = ModelOptions(
         context_size=512, threads=2, gpu_layers=0, main_gpu=1, flash_attention="off",
         parallel_sequences=3, cached_sequences=0, kv_layout="per-sequence", stream_interval=4,
+        batch_size=batch_size,
     )  # fmt: skip
     options = EngineOptions(
         name="m", backend="llama.cpp", path=__import__("pathlib").Path("/m.gguf"), model=model,

@@ -15,11 +15,13 @@ def test_each_option_is_the_setting_of_its_name() -> None:
     settings = Settings(
         threads=3, gpu_layers=0, main_gpu=1, flash_attention="off", context_size=2048,
         parallel_sequences=5, cached_sequences=2, kv_layout="per-sequence", stream_interval=4,
+        batch_size=256,
     )  # fmt: skip
     options = ModelOptions.from_settings(settings)
     assert options == ModelOptions(
         context_size=2048, threads=3, gpu_layers=0, main_gpu=1, flash_attention="off",
         parallel_sequences=5, cached_sequences=2, kv_layout="per-sequence", stream_interval=4,
+        batch_size=256,
     )  # fmt: skip
 
 
@@ -36,8 +38,11 @@ def test_llama_cpp_takes_its_options_from_the_model_and_keeps_its_own_knobs() ->
     model = ModelOptions(
         context_size=512, threads=2, gpu_layers=3, main_gpu=1, flash_attention="on",
         parallel_sequences=6, cached_sequences=1, kv_layout="per-sequence", stream_interval=9,
+        batch_size=2048,
     )  # fmt: skip
     assert llama_cpp_options(model) == LlamaCppOptions(
         context_size=512, threads=2, gpu_layers=3, main_gpu=1, flash_attention="on",
-        kv_layout="per-sequence", max_sequences=6, cached_sequences=1,
+        kv_layout="per-sequence", max_sequences=6, cached_sequences=1, batch_size=2048,
     )  # fmt: skip
+    # Unset, the backend chooses by where the model computes.
+    assert llama_cpp_options(ModelOptions(context_size=512, threads=2)).batch_size is None

@@ -41,7 +41,7 @@ def load_backend(options: EngineOptions) -> TextBackend | ImageBackend:
 
 def llama_cpp_options(model: ModelOptions) -> LlamaCppOptions:
     """A model's options for llama.cpp (`max_sequences` is its parallel_sequences; the
-    batch and prefill knobs keep their defaults). Here rather than in the backend, so
+    prefill chunk keeps its default). Here rather than in the backend, so
     that the backends need nothing of the model options above them."""
     from service.backends.llama_cpp import LlamaCppOptions
 

@@ -28,6 +28,8 @@ class ModelOptions:
     parallel_sequences: int = 8
     cached_sequences: int = 4
     kv_layout: KvLayout = "auto"
+    # llama.cpp's step size; None: by where the model computes.
+    batch_size: int | None = None
     # Tokens per streamed message after the first.
     stream_interval: int = 1
 

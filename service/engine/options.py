@@ -49,6 +49,7 @@ class EngineOptions:
         model: dict[str, Any] = {name: getattr(load, name) for name in _MODEL_FIELDS}
         model["flash_attention"] = _choice(load.flash_attention, FlashAttention)
         model["kv_layout"] = _choice(load.kv_layout, KvLayout)
+        model["batch_size"] = load.batch_size if load.HasField("batch_size") else None
         return cls(
             name=load.name,
             backend=load.backend,
