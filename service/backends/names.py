@@ -18,6 +18,24 @@ KvLayout = Literal["auto", "unified", "per-sequence"]
 KvCacheLayout = Literal["unified", "per-sequence"]
 
 
+# llama.cpp's step size (n_batch and n_ubatch) when the operator sets none. Under long
+# prompts arriving while dozens of streams decode, a GPU step of 512 tokens leaves
+# prompts about 450 beside the streams, too few to keep up: prompts queue, and TTFT
+# and every stream's step grow together. With 1,024 the same traffic was read in as it
+# came (H200, docs/benchmarks.md). On a CPU a step of either size costs its tokens'
+# time, and 512 keeps the compute buffer (its logits rows) half the size.
+GPU_BATCH_SIZE = 1024
+CPU_BATCH_SIZE = 512
+
+
+def batch_size_on(batch_size: int | None, on_gpu: bool) -> int:
+    """The most tokens one llama.cpp step evaluates: the configured size, else by where
+    the model computes."""
+    if batch_size is not None:
+        return batch_size
+    return GPU_BATCH_SIZE if on_gpu else CPU_BATCH_SIZE
+
+
 def kv_layout_on(layout: KvLayout, on_gpu: bool) -> KvCacheLayout:
     """The cache layout a model gets; "auto" is a cache per sequence on a GPU and one
     shared pool on the CPU.

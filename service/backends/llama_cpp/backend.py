@@ -41,7 +41,13 @@ from service.backends.llama_cpp.kv_slots import Placement, Slot, SlotTable
 from service.backends.llama_cpp.logprobs import token_logprob
 from service.backends.llama_cpp.own_draws import OwnDraws
 from service.backends.llama_cpp.sampling import Logits, SamplerChain, SamplingRefused
-from service.backends.names import LLAMA_CPP, FlashAttention, KvLayout, kv_layout_on
+from service.backends.names import (
+    LLAMA_CPP,
+    FlashAttention,
+    KvLayout,
+    batch_size_on,
+    kv_layout_on,
+)
 from service.backends.row_threads import RowThreads
 from service.backends.step_plan import Seat, plan_step
 from service.errors import BackendFailure
@@ -81,7 +87,7 @@ class LlamaCppOptions:
     # "auto": per-sequence on a GPU, unified on the CPU (see `kv_layout_on`).
     kv_layout: KvLayout = "auto"
     # The most tokens one step evaluates (llama.cpp's n_batch and n_ubatch). None:
-    # chosen by where the model computes (see `batch_size_for`).
+    # chosen by where the model computes (see `batch_size_on`).
     batch_size: int | None = None
     # Sequences decoded together in one step.
     max_sequences: int = 8
@@ -91,23 +97,6 @@ class LlamaCppOptions:
     # that a long newcomer prompt does not stall their streams. None: chosen by
     # where the model computes (see `prefill_chunk_for`).
     prefill_chunk: int | None = None
-
-
-# Under long prompts arriving while dozens of streams decode, a GPU step of 512
-# tokens leaves prompts about 450 beside the streams, too few to keep up with them:
-# prompts queue, and TTFT and every stream's step grow together. With 1,024 the
-# same traffic was read in as it came (H200, docs/benchmarks.md). On a CPU a step
-# of either size costs its tokens' time; 512 keeps the compute buffer small.
-GPU_BATCH_SIZE = 1024
-CPU_BATCH_SIZE = 512
-
-
-def batch_size_for(options: LlamaCppOptions, computes_off_cpu: bool) -> int:
-    """The most tokens one step evaluates: the configured size, else by where the
-    model computes."""
-    if options.batch_size is not None:
-        return options.batch_size
-    return GPU_BATCH_SIZE if computes_off_cpu else CPU_BATCH_SIZE
 
 
 # On a CPU a step's time grows with every token in it: 128 prompt tokens add a few
@@ -126,7 +115,9 @@ def prefill_chunk_for(options: LlamaCppOptions, computes_off_cpu: bool) -> int:
     """
     if options.prefill_chunk is not None:
         return options.prefill_chunk
-    return batch_size_for(options, True) if computes_off_cpu else CPU_PREFILL_CHUNK
+    if not computes_off_cpu:
+        return CPU_PREFILL_CHUNK
+    return batch_size_on(options.batch_size, on_gpu=True)
 
 
 def _computes_off_cpu(options: LlamaCppOptions) -> bool:
@@ -199,7 +190,7 @@ class LlamaCppBackend:
         size = options.context_size
         if options.kv_layout == "per-sequence":
             size = self._within_training(size)
-        batch_size = batch_size_for(options, off_cpu)
+        batch_size = batch_size_on(options.batch_size, off_cpu)
         self._context = _new_context(self._model, options, size, batch_size)
         self._memory = llama_cpp.llama_get_memory(self._context.ctx)
         self._vocab = self._model.vocab
