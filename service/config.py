@@ -357,8 +357,8 @@ class ModelOptionSettings(BaseModel):
         le=8192,
         description="The most tokens one llama.cpp step evaluates (its n_batch and n_ubatch): "
         "decoding streams first, then prompt chunks. Unset: 1024 when the model computes on a "
-        "GPU, 512 on the CPU. llama.cpp reserves a compute buffer in proportion (about 4 bytes "
-        "per vocabulary entry per token), which the memory budgets do not count.",
+        "GPU, 512 on the CPU. On a GPU llama.cpp reserves a compute buffer in proportion "
+        "(4 bytes per vocabulary entry per token), which the GPU memory budget counts.",
     )
     stream_interval: int = Field(
         default=1,

@@ -52,19 +52,24 @@ class MemoryNeed:
     device_bytes: int = 0
     # Host memory for finished conversations parked out of the KV cache.
     parked_bytes: int = 0
+    # The library's working memory for one step where it is reserved whole: llama.cpp's
+    # compute buffer on a GPU (on the CPU its pages are touched only as a step needs).
+    compute_bytes: int = 0
 
     @property
     def total_bytes(self) -> int:
-        return self.weights_bytes + self.kv_cache_bytes + self.parked_bytes
+        return self.weights_bytes + self.kv_cache_bytes + self.compute_bytes + self.parked_bytes
 
     @property
     def host_bytes(self) -> int:
         return self.total_bytes - self.device_bytes
 
     @classmethod
-    def offloaded(cls, weights: int, kv_cache: int, share: float) -> MemoryNeed:
-        """Weights and KV cache with `share` of both on the GPU (see `offloaded_share`)."""
-        return cls(weights, kv_cache, device_bytes=round((weights + kv_cache) * share))
+    def offloaded(cls, weights: int, kv_cache: int, share: float, compute: int = 0) -> MemoryNeed:
+        """Weights and KV cache with `share` of both on the GPU (see `offloaded_share`),
+        and a compute buffer in GPU memory."""
+        device = round((weights + kv_cache) * share) + compute
+        return cls(weights, kv_cache, device_bytes=device, compute_bytes=compute)
 
 
 def offloaded_share(gpu_layers: int, layer_count: int) -> float:

@@ -273,12 +273,15 @@ def test_admit_estimates_weights_and_kv_cache(
     assert memory.kv_cache_bytes == 4 * 2 * 128 * 2 * 1024
     # Conversations parked out of the cache may take one more KV cache of host memory.
     assert memory.parked_bytes == memory.kv_cache_bytes
+    # On the CPU the compute buffer is touched only as far as a step reaches: not counted.
+    assert memory.compute_bytes == 0
     assert memory.total_bytes == memory.weights_bytes + 2 * memory.kv_cache_bytes
     assert memory.fits
     checkpoint = admit(admit_stub, "llama-bf16").memory
     assert checkpoint.weights_bytes == 4096
     assert checkpoint.kv_cache_bytes == 2 * 2 * 2 * 16 * 2 * 1024
     assert checkpoint.parked_bytes == 0  # mlx-lm parks nothing
+    assert checkpoint.compute_bytes == 0  # nor is its working memory estimated
 
 
 @pytest.mark.parametrize("method", ["awq", "gptq", "bitsandbytes"])

@@ -96,6 +96,29 @@ def test_the_automatic_layout_is_a_cache_per_sequence_only_on_a_gpu(
     assert kv_layout_on("per-sequence", on_gpu=False) == "per-sequence"
 
 
+def test_a_gpus_compute_buffer_is_a_logits_row_per_step_token(
+    four_layer_gguf: Path,
+) -> None:
+    """On a GPU llama.cpp reserves a logits row for every token a step may hold (1,024
+    unless --batch-size says otherwise), in GPU memory, at load. On the CPU the buffer's
+    pages are touched only as far as a step reaches, so it is not counted there."""
+    cuda = Decision(True, "", "llama.cpp", describe_gguf(four_layer_gguf), True, offloads=True)
+    assert describe_gguf(four_layer_gguf).vocab_size == 64
+    on_the_gpu = memory_need(cuda, spec(context_size=1024, gpu_layers=-1))
+    assert on_the_gpu.compute_bytes == 4 * 64 * 1024
+    assert on_the_gpu.host_bytes == 0
+    assert on_the_gpu.device_bytes == on_the_gpu.total_bytes
+    assert on_the_gpu.total_bytes == sum(
+        (on_the_gpu.weights_bytes, on_the_gpu.kv_cache_bytes, on_the_gpu.compute_bytes)
+    )
+    configured = memory_need(cuda, spec(context_size=1024, gpu_layers=-1, batch_size=256))
+    assert configured.compute_bytes == 4 * 64 * 256
+    assert memory_need(cuda, spec(context_size=1024, gpu_layers=0)).compute_bytes == 0
+    half = memory_need(cuda, spec(context_size=1024, gpu_layers=2))
+    assert half.compute_bytes == 0
+    assert half.device_bytes == round((half.weights_bytes + half.kv_cache_bytes) / 2)
+
+
 def test_admission_asks_the_build_whether_it_offloads(four_layer_gguf: Path) -> None:
     decision = decide(ModelSource("gguf", four_layer_gguf), Capability.TEXT, offline=True)
     assert decision.admitted, decision.reason

@@ -251,7 +251,7 @@ class Quantization(_message.Message):
     def __init__(self, scheme: _Optional[_Union[QuantizationScheme, str]] = ..., method: _Optional[str] = ..., bits: _Optional[int] = ..., group_size: _Optional[int] = ...) -> None: ...
 
 class MemoryEstimate(_message.Message):
-    __slots__ = ("weights_bytes", "kv_cache_bytes", "total_bytes", "budget_bytes", "free_bytes", "fits", "would_evict", "host_bytes", "device_bytes", "device_budget_bytes", "device_free_bytes", "parked_bytes", "measured_rss_bytes", "measured_gpu_bytes")
+    __slots__ = ("weights_bytes", "kv_cache_bytes", "total_bytes", "budget_bytes", "free_bytes", "fits", "would_evict", "host_bytes", "device_bytes", "device_budget_bytes", "device_free_bytes", "parked_bytes", "measured_rss_bytes", "measured_gpu_bytes", "compute_bytes")
     WEIGHTS_BYTES_FIELD_NUMBER: _ClassVar[int]
     KV_CACHE_BYTES_FIELD_NUMBER: _ClassVar[int]
     TOTAL_BYTES_FIELD_NUMBER: _ClassVar[int]
@@ -266,6 +266,7 @@ class MemoryEstimate(_message.Message):
     PARKED_BYTES_FIELD_NUMBER: _ClassVar[int]
     MEASURED_RSS_BYTES_FIELD_NUMBER: _ClassVar[int]
     MEASURED_GPU_BYTES_FIELD_NUMBER: _ClassVar[int]
+    COMPUTE_BYTES_FIELD_NUMBER: _ClassVar[int]
     weights_bytes: int
     kv_cache_bytes: int
     total_bytes: int
@@ -280,7 +281,8 @@ class MemoryEstimate(_message.Message):
     parked_bytes: int
     measured_rss_bytes: int
     measured_gpu_bytes: int
-    def __init__(self, weights_bytes: _Optional[int] = ..., kv_cache_bytes: _Optional[int] = ..., total_bytes: _Optional[int] = ..., budget_bytes: _Optional[int] = ..., free_bytes: _Optional[int] = ..., fits: _Optional[bool] = ..., would_evict: _Optional[_Iterable[str]] = ..., host_bytes: _Optional[int] = ..., device_bytes: _Optional[int] = ..., device_budget_bytes: _Optional[int] = ..., device_free_bytes: _Optional[int] = ..., parked_bytes: _Optional[int] = ..., measured_rss_bytes: _Optional[int] = ..., measured_gpu_bytes: _Optional[int] = ...) -> None: ...
+    compute_bytes: int
+    def __init__(self, weights_bytes: _Optional[int] = ..., kv_cache_bytes: _Optional[int] = ..., total_bytes: _Optional[int] = ..., budget_bytes: _Optional[int] = ..., free_bytes: _Optional[int] = ..., fits: _Optional[bool] = ..., would_evict: _Optional[_Iterable[str]] = ..., host_bytes: _Optional[int] = ..., device_bytes: _Optional[int] = ..., device_budget_bytes: _Optional[int] = ..., device_free_bytes: _Optional[int] = ..., parked_bytes: _Optional[int] = ..., measured_rss_bytes: _Optional[int] = ..., measured_gpu_bytes: _Optional[int] = ..., compute_bytes: _Optional[int] = ...) -> None: ...
 
 class AdmitResponse(_message.Message):
     __slots__ = ("admitted", "reason", "backend", "architecture", "quantization", "memory", "loaded", "available_locally", "download")

@@ -58,17 +58,26 @@ class Decision:
     download: Download | None = None
 
     def memory(
-        self, context_size: int, gpu_layers: int = 0, sequences: int = 1, *, pooled: bool = False
+        self,
+        context_size: int,
+        gpu_layers: int = 0,
+        sequences: int = 1,
+        *,
+        pooled: bool = False,
+        batch_size: int = 0,
     ) -> MemoryNeed:
         """Weights and KV cache (one, one per sequence, or one pool for all: see
         ModelDescription.memory_bytes), and the part of them on a GPU; zeros when
-        nothing was read."""
+        nothing was read. With every layer on the GPU, also llama.cpp's compute buffer
+        for steps of `batch_size` tokens, which CUDA reserves whole at load (a partly
+        offloaded model's is split between the devices, and not estimated)."""
         if self.description is None:
             return MemoryNeed()
         weights, kv_cache = self.description.memory_bytes(context_size, sequences, pooled=pooled)
         layers = self.description.layer_count
         share = offloaded_share(gpu_layers, layers) if self.offloads else 0.0
-        return MemoryNeed.offloaded(weights, kv_cache, share)
+        compute = self.description.compute_bytes(batch_size) if share >= 1.0 else 0
+        return MemoryNeed.offloaded(weights, kv_cache, share, compute)
 
 
 def decide(

@@ -36,9 +36,11 @@ import gguf
 from service.admission.ggml_types import block_size, type_name
 from service.admission.gguf_checks import gguf_problem, split_count_problem
 from service.admission.gguf_header import (
+    VOCABULARY,
     GGUFArray,
     GGUFFormatError,
     GGUFHeader,
+    Skipped,
     join_parts,
     read_gguf_header_from,
 )
@@ -70,6 +72,8 @@ class ModelDescription:
     trained_context: int
     # Repeating layers (blocks): the unit llama.cpp offloads to a GPU; 0 when unknown.
     layer_count: int = 0
+    # Tokens in the vocabulary (GGUF only; 0 when unknown): each step's logits rows.
+    vocab_size: int = 0
     # GGUF only: the ggml type id of every tensor, for the decodability gate.
     tensor_types: frozenset[int] = frozenset()
     # safetensors only: the parsed config.json, for the backend's own registry.
@@ -92,6 +96,12 @@ class ModelDescription:
         else:
             cells = window
         return self.weights_bytes, self.kv_bytes_per_token * cells
+
+    def compute_bytes(self, batch_size: int) -> int:
+        """llama.cpp's compute buffer for steps of `batch_size` tokens: it reserves a
+        logits row (4 bytes per vocabulary entry) for every token of a step, which is
+        nearly all of it (512 of 514.5 MiB for Gemma 3 270M at 512 tokens)."""
+        return 4 * self.vocab_size * batch_size
 
 
 # A file as the cache knows it: its path, size and modification time.
@@ -203,9 +213,15 @@ def _describe_header(header: GGUFHeader, problem: str | None) -> ModelDescriptio
         kv_bytes_per_token=_gguf_kv_bytes_per_token(values, arch),
         trained_context=_count(values.get(f"{arch}.context_length")),
         layer_count=_count(values.get(f"{arch}.block_count")),
+        vocab_size=_vocabulary_size(values.get(VOCABULARY)),
         tensor_types=frozenset(counts),
         defect=problem or "",
     )
+
+
+def _vocabulary_size(tokens: Any) -> int:
+    """The vocabulary's length: the header reader skips the token strings, keeping it."""
+    return tokens.length if isinstance(tokens, Skipped) else 0
 
 
 def _count(value: Any, default: int = 0) -> int:

@@ -41,6 +41,7 @@ class AdmissionReport:
             weights_bytes=self.need.weights_bytes,
             kv_cache_bytes=self.need.kv_cache_bytes,
             parked_bytes=self.need.parked_bytes,
+            compute_bytes=self.need.compute_bytes,
             total_bytes=self.need.total_bytes,
             budget_bytes=budget,
             free_bytes=max(budget - self.used_bytes, 0),

@@ -41,7 +41,7 @@ import structlog
 
 from service.admission import Capability, Decision, not_downloaded
 from service.admission.gates import llama_cpp_computes_on_gpu
-from service.backends.names import LLAMA_CPP, KvCacheLayout, kv_layout_on
+from service.backends.names import LLAMA_CPP, KvCacheLayout, batch_size_on, kv_layout_on
 from service.engine.base import Engine, EngineCrashed, EngineHooks
 from service.engine.crash_backoff import CrashHistory
 from service.errors import NotSupported, Overloaded
@@ -143,13 +143,18 @@ def kv_cache_layout(decision: Decision, spec: ModelSpec) -> KvCacheLayout | None
     settled as the backend settles it, by whether its layers compute on a GPU."""
     if decision.backend != LLAMA_CPP:
         return None
-    options = spec.options
-    on_gpu = options.gpu_layers != 0 and (decision.offloads or llama_cpp_computes_on_gpu())
-    return kv_layout_on(options.kv_layout, on_gpu)
+    return kv_layout_on(spec.options.kv_layout, _on_gpu(decision, spec))
+
+
+def _on_gpu(decision: Decision, spec: ModelSpec) -> bool:
+    """Whether a llama.cpp model's layers will compute on a GPU, as the backend decides."""
+    offloads = decision.offloads or llama_cpp_computes_on_gpu()
+    return spec.options.gpu_layers != 0 and offloads
 
 
 def memory_need(decision: Decision, spec: ModelSpec) -> MemoryNeed:
-    """What loading `spec` takes: weights and KV cache and, for llama.cpp on the CPU
+    """What loading `spec` takes: weights, KV cache, on a GPU llama.cpp's compute buffer
+    for the step size it will get (see `batch_size_on`) and, for llama.cpp on the CPU
     keeping more than one finished conversation, up to one more KV cache's worth of
     host memory for the parked ones (see kv_slots; on a GPU none are parked). A
     per-sequence KV layout has a cache for every running and cached sequence, and
@@ -158,10 +163,13 @@ def memory_need(decision: Decision, spec: ModelSpec) -> MemoryNeed:
     layout = kv_cache_layout(decision, spec)
     if layout is None:
         return decision.memory(options.context_size, options.gpu_layers)
+    batch = batch_size_on(options.batch_size, _on_gpu(decision, spec))
     if layout == "per-sequence":
         sequences = options.parallel_sequences + options.cached_sequences
-        return decision.memory(options.context_size, options.gpu_layers, sequences)
-    need = decision.memory(options.context_size, options.gpu_layers, pooled=True)
+        return decision.memory(
+            options.context_size, options.gpu_layers, sequences, batch_size=batch
+        )
+    need = decision.memory(options.context_size, options.gpu_layers, pooled=True, batch_size=batch)
     if options.cached_sequences > 1 and not need.device_bytes:
         return dataclasses.replace(need, parked_bytes=need.kv_cache_bytes)
     return need

@@ -778,7 +778,8 @@ export declare type MemoryEstimate = Message<"inference.v1.MemoryEstimate"> & {
   kvCacheBytes: bigint;
 
   /**
-   * Weights, KV cache and parked conversations: host_bytes + device_bytes.
+   * Weights, KV cache, GPU compute buffer and parked conversations:
+   * host_bytes + device_bytes.
    *
    * @generated from field: uint64 total_bytes = 3;
    */
@@ -856,6 +857,17 @@ export declare type MemoryEstimate = Message<"inference.v1.MemoryEstimate"> & {
    * @generated from field: optional uint64 measured_gpu_bytes = 56;
    */
   measuredGpuBytes?: bigint | undefined;
+
+  /**
+   * llama.cpp's compute buffer on a GPU holding every layer: one step's
+   * activations, mostly its logits rows (--batch-size tokens x the vocabulary x
+   * 4 bytes), all of it reserved in GPU memory at load. On the CPU the same
+   * buffer is only touched as far as a step's tokens reach (tens of MiB), so it
+   * is not counted: 0.
+   *
+   * @generated from field: uint64 compute_bytes = 57;
+   */
+  computeBytes: bigint;
 };
 
 /**
