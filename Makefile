@@ -93,7 +93,7 @@ cuda-fetch:
 	PYTHON=$(BIN)/python scripts/cuda/fetch-wheels.sh
 
 # There, offline: `make -j2 cuda-llama cuda-model` (about 5.5 min), then
-# `make cuda-bench` (about 2 min). Everything lands in .device/cuda/.
+# `make cuda-bench` (about 8 min). Everything lands in .device/cuda/.
 cuda-deps:
 	scripts/cuda/build-wheel.sh --deps-only
 

@@ -2,7 +2,8 @@
 # ON the CUDA machine, after build-wheel.sh and model.sh: quantize the benchmark
 # model to Q4_K_M (once), then measure the service against raw llama-cpp-python
 # with every layer on the GPU, in both KV cache layouts, and llama-bench and
-# llama-batched-bench where they were built. About 3.5 minutes.
+# llama-batched-bench where they were built, the real-traffic runs of issue 28
+# beside llama-server, and the compute buffer CUDA reserves. About 8 minutes.
 #
 #   scripts/cuda/bench.sh [bench.generate flags]
 #
@@ -10,7 +11,8 @@
 # MODEL_TYPE picks another llama.cpp file type (default Q4_K_M); BENCH_TOOLS=0 skips
 # llama-bench and llama-batched-bench; RUNS (5) sets the medians' runs; KV_LAYOUTS
 # ("unified per-sequence") and STREAM_INTERVALS ("1", e.g. "1 4") pick the service
-# configurations, each run once.
+# configurations, each run once. MIXED=0 skips the mixed-traffic run (issue 28's 3x,
+# about 3 minutes with llama-server).
 set -euo pipefail
 
 root=$(cd "$(dirname "$0")/../.." && pwd)
@@ -32,6 +34,19 @@ fi
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader 2>&1 || true
 echo "LD_PRELOAD=${LD_PRELOAD:-}"
 "$python" -c 'from service.backends.llama_cpp import log as llama_log; print("llama.cpp log filter:", llama_log.FILTER)'
+# The compute buffer CUDA reserves at the GPU's default step (1,024 tokens), beside the
+# service's estimate of it (MemoryEstimate.compute_bytes: 4 bytes x vocabulary x step).
+"$python" - "$model" <<'PY' 2>&1 | grep -E "compute buffer size|estimate" || true
+import sys
+from pathlib import Path
+import llama_cpp
+from service.admission.describe import describe_gguf
+from service.backends.names import GPU_BATCH_SIZE
+estimate = describe_gguf(Path(sys.argv[1])).compute_bytes(GPU_BATCH_SIZE)
+print(f"the service's estimate: {estimate / 2**20:.1f} MiB")
+llama_cpp.Llama(sys.argv[1], n_gpu_layers=-1, n_ctx=4096, n_batch=GPU_BATCH_SIZE,
+                n_ubatch=GPU_BATCH_SIZE, verbose=True)
+PY
 
 tools_dir=$CUDA_DIR/build
 [ "${BENCH_TOOLS:-1}" = 0 ] && tools_dir=/nonexistent
@@ -107,5 +122,14 @@ if [ -n "$batched_bench" ]; then
             2>"$out/batched-bench-serving$layout.err" | tee "$out/batched-bench-serving$layout.md" \
             || echo "llama-batched-bench $layout (serving) failed" >&2
     done
+fi
+# Mixed traffic past saturation (prompts 100-2,000 tokens, answers 32-512, 64 in flight,
+# 14 requests/s), both servers: issue 28's 3x llama-server, side by side.
+if [ "${MIXED:-1}" != 0 ]; then
+    timeout 420 "$python" -m bench.serving --model-path "$model" --gpu-layers -1 \
+        --input-len 100:2000 --output-len 32:512 --num-prompts 400 --concurrency 64 \
+        --request-rate 14 ${server:+--llama-server "$server"} --out "$out/serving-mixed" \
+        2>"$out/serving-mixed.err" | tee "$out/serving-mixed.txt" \
+        || { tail -20 "$out/serving-mixed.err"; status=1; }
 fi
 exit $status
