@@ -41,7 +41,7 @@ from bench.server import SAMPLED, running_server
 from bench.targets import LlamaServerTarget, Outcome, ServiceTarget, Target
 from bench.workload import Lengths, Request, Texts, parse_range, poisson_gaps, requests
 from service.admission.gates import llama_cpp_computes_on_gpu
-from service.backends.names import kv_layout_on
+from service.backends.names import batch_size_on, kv_layout_on
 from service.config import available_cores
 from service.models.embedded import EMBEDDED_MODELS
 
@@ -162,7 +162,8 @@ def report(results: list[Figures], args: argparse.Namespace, work: list[Request]
     print(
         f"{args.dataset}, {len(work)} requests, {load}; prompts {prompt:.0f} tokens on "
         f"average ({args.input_len}), outputs up to {args.output_len}; "
-        f"{'sampled' if args.sampled else 'greedy'}; {args.kv_layout} KV cache"
+        f"{'sampled' if args.sampled else 'greedy'}; {args.kv_layout} KV cache, the "
+        f"service's steps of up to {args.step_tokens} tokens"
     )
     print("server        req/s  out tok/s  TTFT p50/p90/p99 ms     ITL p50/p99 ms  goodput  cpu")
     for r in results:
@@ -291,6 +292,7 @@ def main() -> None:
     # As the service settles "auto" (see service.models.pool.kv_cache_layout).
     on_gpu = args.gpu_layers != 0 and llama_cpp_computes_on_gpu()
     args.kv_layout = kv_layout_on(args.kv_layout, on_gpu)
+    args.step_tokens = batch_size_on(None, on_gpu)  # the service's default, as it settles it
     unified = args.kv_layout == "unified"
     sampling = dict(SAMPLED) if args.sampled else None
     flags = ["--parallel-sequences", str(slots), "--kv-layout", args.kv_layout]
