@@ -18,7 +18,7 @@ from service.engine.model_options import ModelOptions
 from service.engine.options import EngineOptions
 from service.front.conversion import generation_request
 from service.images.requests import ImageLimits, ImageRequest
-from service.text.requests import GenerationLimits
+from service.text.requests import GenerationLimits, ToolChoice
 
 ERRORS = [
     errors.InvalidRequest,
@@ -98,6 +98,23 @@ def test_the_engine_takes_the_front_s_request_without_checking_it_again() -> Non
     crossed = wire.generation_request(epb.Generate(text=text))
     assert crossed == request
     assert crossed.top_logprobs == 50
+    assert crossed.tool_choice is None
+
+
+@pytest.mark.parametrize("choice", [pb.ToolChoice(), pb.ToolChoice(name="f", parallel_calls=True)])
+def test_a_forced_tool_call_crosses_for_the_engine_to_build_its_grammar(
+    choice: pb.ToolChoice,
+) -> None:
+    message = pb.GenerateRequest(
+        prompt="Hi", tools=[pb.Tool(name="f"), pb.Tool(name="g")], tool_choice=choice
+    )
+    request = generation_request(message)
+    text = wire.generate_message(1, request, 0.0, request_id="r").generate.text
+    assert text.HasField("tool_choice")
+    assert not text.HasField("grammar")  # the front cannot build it: the template decides
+    crossed = wire.generation_request(epb.Generate(text=text))
+    assert crossed == request
+    assert crossed.tool_choice == ToolChoice(choice.name, choice.parallel_calls)
 
 
 def test_an_image_request_crosses_with_its_seed() -> None:

@@ -30,7 +30,7 @@ from tests.conftest import SMOLLM, RunningServer, make_settings, serving
 from tests.test_chat_template_tools import QWEN25_TEMPLATE
 from tests.test_generation_features import CALL_GRAMMAR, PERSON
 
-WEATHER = {
+WEATHER: Any = {
     "type": "function",
     "function": {
         "name": "get_weather",
@@ -276,6 +276,65 @@ def test_with_tools_text_before_a_call_streams_as_it_comes(client: openai.OpenAI
     assert [tc.function.name for tc in calls] == ["get_weather"]
     assert chunks[-1].choices[0].finish_reason == "tool_calls"
     assert not any("tool_call" in (text or "") for text in texts)
+
+
+CLOCK: Any = {
+    "type": "function",
+    "function": {
+        "name": "get_time",
+        "parameters": {
+            "type": "object",
+            "properties": {"zone": {"enum": ["UTC", "CET"]}},
+            "required": ["zone"],
+        },
+    },
+}
+
+
+def test_tool_choice_required_makes_the_model_call_a_tool(client: openai.OpenAI) -> None:
+    completion = chat(
+        client,
+        model="hermes",
+        messages=QUESTION,  # a question no tool answers
+        tools=[WEATHER],
+        tool_choice="required",
+        temperature=0,
+    )
+    choice = completion.choices[0]
+    assert choice.finish_reason == "tool_calls"
+    (call,) = choice.message.tool_calls or []
+    assert call.function.name == "get_weather"
+    jsonschema.validate(json.loads(call.function.arguments), WEATHER["function"]["parameters"])
+
+
+def test_tool_choice_naming_a_function_streams_a_call_of_it(client: openai.OpenAI) -> None:
+    chunks = list(
+        chat(
+            client,
+            model="hermes",
+            messages=[{"role": "user", "content": "Weather in Rome?"}],
+            tools=[WEATHER, CLOCK],
+            tool_choice={"type": "function", "function": {"name": "get_time"}},
+            temperature=0,
+            stream=True,
+        )
+    )
+    calls = [tc for c in chunks if c.choices for tc in c.choices[0].delta.tool_calls or []]
+    assert [tc.function.name for tc in calls if tc.function and tc.function.name] == ["get_time"]
+    arguments = "".join(tc.function.arguments or "" for tc in calls if tc.function)
+    jsonschema.validate(json.loads(arguments), CLOCK["function"]["parameters"])
+    assert chunks[-1].choices[0].finish_reason == "tool_calls"
+
+
+def test_a_tool_choice_that_cannot_be_met_is_a_400(client: openai.OpenAI) -> None:
+    named = {"type": "function", "function": {"name": "get_news"}}
+    with pytest.raises(openai.BadRequestError, match="not one of"):
+        chat(client, model="hermes", messages=QUESTION, tools=[WEATHER], tool_choice=named)
+    # SmolLM2's own template teaches no tool-call convention to write the call in.
+    with pytest.raises(openai.BadRequestError, match="tool-call convention"):
+        chat(client, model=SMOLLM, messages=QUESTION, tools=[WEATHER], tool_choice="required")
+    with pytest.raises(openai.BadRequestError, match="tool_choice"):
+        chat(client, model="hermes", messages=QUESTION, tools=[WEATHER], tool_choice="always")
 
 
 def test_text_completions_and_the_model_list(client: openai.OpenAI) -> None:

@@ -39,7 +39,15 @@ from service.images.requests import ImageRequest, ImageStep, RenderedImage
 from service.request_id import in_this_context
 from service.text.chat_template import render_chat
 from service.text.plain_content import prompt_ids
-from service.text.requests import ChatMessage, Finished, GenerationRequest, Started, Tool
+from service.text.requests import (
+    ChatMessage,
+    Finished,
+    GenerationRequest,
+    Grammar,
+    Started,
+    Tool,
+    ToolChoice,
+)
 from service.tools.base import ToolCallParser
 from service.tools.conventions import parser_for_template, with_tool_calls
 
@@ -174,6 +182,10 @@ class EngineCore:
 
     def _prepare(self, request: GenerationRequest) -> tuple[Started, DecodePlan, ToolCallParser]:
         backend = self._text
+        parser = parser_for_template(self._template())
+        grammar = request.grammar
+        if request.tool_choice is not None:
+            grammar = self._forced_call(request.tools, request.tool_choice, parser)
         prompt_ids = self._prompt_ids(request)
         max_tokens = fit_max_tokens(
             prompt_tokens=len(prompt_ids),
@@ -185,7 +197,7 @@ class EngineCore:
             prompt_ids=tuple(prompt_ids),
             sampling=request.sampling.resolve(backend.sampling_defaults()),
             max_tokens=max_tokens,
-            grammar=request.grammar,
+            grammar=grammar,
             top_logprobs=request.top_logprobs if request.logprobs else None,
         )
         plan = DecodePlan(sequence, request.stop, self.options.max_decode_seconds)
@@ -195,7 +207,23 @@ class EngineCore:
             prompt_tokens=len(prompt_ids),
             context_length=backend.context_length,
         )
-        return started, plan, parser_for_template(self._template())
+        return started, plan, parser
+
+    def _forced_call(
+        self, tools: tuple[Tool, ...], choice: ToolChoice, parser: ToolCallParser
+    ) -> Grammar:
+        """The grammar of `choice`'s calls, in the convention of this model's template."""
+        if parser.shape is None:
+            raise NotSupported(
+                f"model {self.options.name!r} cannot be made to call a tool: its chat template "
+                "follows no tool-call convention this server reads (Hermes <tool_call>, "
+                "FunctionGemma, Gemma 3); leave tool_choice unset, or configure a chat "
+                "template that teaches one"
+            )
+        # Imported when needed: it loads llama.cpp, which an image engine does not use.
+        from service.grammar.forced_call import forced_call_grammar
+
+        return forced_call_grammar(parser.shape, tools, choice)
 
     def _prompt_ids(self, request: GenerationRequest) -> list[int]:
         backend = self._text

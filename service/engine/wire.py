@@ -28,6 +28,7 @@ from service.text.requests import (
     Grammar,
     SamplingOverrides,
     Tool,
+    ToolChoice,
 )
 
 log = structlog.get_logger("engine")
@@ -98,6 +99,8 @@ def text_request(request: GenerationRequest) -> epb.TextRequest:
     if request.grammar is not None:
         message.grammar = request.grammar.text
         message.grammar_branches = request.grammar.branches
+    if request.tool_choice is not None:
+        message.tool_choice.CopyFrom(request.tool_choice.to_pb())
     return message
 
 
@@ -124,6 +127,9 @@ def generation_request(generate: epb.Generate) -> GenerationRequest:
         ),
         logprobs=text.logprobs,
         top_logprobs=text.top_logprobs,
+        tool_choice=(
+            ToolChoice.from_pb(text.tool_choice) if text.HasField("tool_choice") else None
+        ),
     )
 
 

@@ -56,7 +56,7 @@ _NEEDS_VOCAB = "no vocab to parse token"
 # unsupported keywords, KeyError for unknown types or refs, ValueError for
 # bad patterns, AttributeError/TypeError for values of the wrong JSON type.
 # (Its depth is bounded beforehand; RecursionError stays as a backstop.)
-_CONVERTER_ERRORS = (
+CONVERTER_ERRORS = (
     AssertionError,
     KeyError,
     ValueError,
@@ -101,7 +101,7 @@ def grammar_from_json_schema(schema: str, limits: SchemaLimits = SCHEMA_LIMITS) 
     check_schema(parsed, limits)
     try:
         gbnf = schema_to_gbnf(parsed, limits)
-    except _CONVERTER_ERRORS as exc:
+    except CONVERTER_ERRORS as exc:
         detail = excerpt(str(exc) or type(exc).__name__, 200)
         raise InvalidRequest(f"{WHAT} cannot be turned into a grammar: {detail}") from exc
     if len(gbnf) > limits.grammar_chars:

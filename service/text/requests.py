@@ -133,6 +133,25 @@ class Tool:
 
 
 @dataclass(frozen=True)
+class ToolChoice:
+    """A call the model must make: of the tool `name`, or of any tool when it is empty."""
+
+    name: str = ""
+    parallel_calls: bool = False
+
+    @classmethod
+    def from_pb(cls, msg: pb.ToolChoice) -> ToolChoice:
+        return cls(name=msg.name, parallel_calls=msg.parallel_calls)
+
+    def to_pb(self) -> pb.ToolChoice:
+        return pb.ToolChoice(name=self.name, parallel_calls=self.parallel_calls)
+
+    def tools(self, offered: tuple[Tool, ...]) -> tuple[Tool, ...]:
+        """The tools a call may be of."""
+        return tuple(tool for tool in offered if not self.name or tool.name == self.name)
+
+
+@dataclass(frozen=True)
 class ChatMessage:
     role: str
     content: str
@@ -305,6 +324,8 @@ class GenerationRequest:
     logprobs: bool = False
     # Alternatives to report per token; 0 when none (or logprobs is off).
     top_logprobs: int = 0
+    # Set when a tool call is forced; the engine builds its grammar.
+    tool_choice: ToolChoice | None = None
 
     @classmethod
     def from_pb(
@@ -343,6 +364,9 @@ class GenerationRequest:
             grammar=grammar,
             logprobs=msg.logprobs,
             top_logprobs=msg.top_logprobs,
+            tool_choice=(
+                ToolChoice.from_pb(msg.tool_choice) if msg.HasField("tool_choice") else None
+            ),
         )
         if msg.HasField("top_logprobs") and msg.top_logprobs and not msg.logprobs:
             raise InvalidRequest("top_logprobs needs logprobs to be set")
@@ -377,6 +401,22 @@ class GenerationRequest:
             if tool.name in seen:
                 raise InvalidRequest(f"tools[{index}] repeats the name {excerpt(tool.name)}")
             seen.add(tool.name)
+        if self.tool_choice is not None:
+            self._validate_tool_choice(self.tool_choice, seen)
+
+    def _validate_tool_choice(self, choice: ToolChoice, names: set[str]) -> None:
+        if not names:
+            raise InvalidRequest("tool_choice forces a tool call: the request needs `tools`")
+        if choice.name and choice.name not in names:
+            raise InvalidRequest(
+                f"tool_choice names {excerpt(choice.name)}, which is not one of the request's "
+                f"tools ({', '.join(sorted(names))})"
+            )
+        if self.grammar is not None:
+            raise InvalidRequest(
+                "tool_choice constrains the output to tool calls itself: leave out `grammar` "
+                "and `response_format`"
+            )
 
     def _validate_stop(self) -> None:
         if len(self.stop) > MAX_STOP_SEQUENCES:

@@ -23,11 +23,31 @@ class ParsedCalls:
     errors: tuple[str, ...] = ()
 
 
+@dataclass(frozen=True)
+class CallShape:
+    """How a convention writes one call, for the grammar that forces one.
+
+    A call is `opening`, the function's name, `between`, its arguments as a
+    JSON object, then `closing`; `separator` goes between the calls of one
+    turn (None: the convention writes one call per turn).
+    """
+
+    opening: str
+    between: str
+    closing: str
+    separator: str | None
+
+
 class ToolCallParser(Protocol):
     """One model family's convention for writing tool calls in its output."""
 
     @property
     def name(self) -> str: ...
+
+    @property
+    def shape(self) -> CallShape | None:
+        """How to write a call so that `parse` reads it; None: calls cannot be forced."""
+        ...
 
     def parse(self, text: str) -> ParsedCalls:
         """Never raises on model output: what cannot be parsed becomes an error entry."""

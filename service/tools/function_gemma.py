@@ -22,7 +22,7 @@ import json
 from typing import Any
 
 from service.text.requests import ToolCall
-from service.tools.base import ParsedCalls, assemble, find_blocks, make_call
+from service.tools.base import CallShape, ParsedCalls, assemble, find_blocks, make_call
 
 OPEN, CLOSE = "<start_function_call>", "<end_function_call>"
 ESCAPE = "<escape>"
@@ -36,6 +36,9 @@ class MalformedCall(ValueError):
 
 class FunctionGemmaParser:
     name = "function_gemma"
+    # A forced call's arguments are plain JSON (quoted keys and strings), which
+    # `parse` reads as well as the <escape> form: a JSON Schema grammar writes JSON.
+    shape = CallShape(opening=f"{OPEN}call:", between="", closing=CLOSE, separator="")
 
     def parse(self, text: str) -> ParsedCalls:
         pieces: list[tuple[int, int, ToolCall | str]] = []

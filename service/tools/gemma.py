@@ -27,7 +27,7 @@ import re
 from typing import Any
 
 from service.text.requests import ToolCall
-from service.tools.base import ParsedCalls, make_call
+from service.tools.base import CallShape, ParsedCalls, make_call
 
 _FENCE = re.compile(r"\A```[A-Za-z_]*[ \t]*\n(?P<body>.*?)\n?```\Z", re.DOTALL)
 _LOOKS_PYTHONIC = re.compile(r"\A\[?\s*[A-Za-z_][\w.]*\s*\(")
@@ -35,6 +35,10 @@ _LOOKS_PYTHONIC = re.compile(r"\A\[?\s*[A-Za-z_][\w.]*\s*\(")
 
 class GemmaParser:
     name = "gemma"
+    # The guide's JSON form: one call, the whole response.
+    shape = CallShape(
+        opening='{"name": "', between='", "parameters": ', closing="}", separator=None
+    )
 
     def parse(self, text: str) -> ParsedCalls:
         body = text.strip()

@@ -19,13 +19,20 @@ from __future__ import annotations
 import json
 
 from service.text.requests import ToolCall
-from service.tools.base import ParsedCalls, assemble, find_blocks, make_call
+from service.tools.base import CallShape, ParsedCalls, assemble, find_blocks, make_call
 
 OPEN, CLOSE = "<tool_call>", "</tool_call>"
 
 
 class HermesParser:
     name = "hermes"
+    # As Qwen 2.5's template shows a call: the block on lines of its own.
+    shape = CallShape(
+        opening=f'{OPEN}\n{{"name": "',
+        between='", "arguments": ',
+        closing=f"}}\n{CLOSE}",
+        separator="\n",
+    )
 
     def parse(self, text: str) -> ParsedCalls:
         pieces: list[tuple[int, int, ToolCall | str]] = []

@@ -112,7 +112,7 @@ class Generate(_message.Message):
     def __init__(self, id: _Optional[int] = ..., received_at: _Optional[float] = ..., request_id: _Optional[str] = ..., text: _Optional[_Union[TextRequest, _Mapping]] = ...) -> None: ...
 
 class TextRequest(_message.Message):
-    __slots__ = ("model", "prompt", "messages", "max_tokens", "stop", "sampling", "tools", "grammar", "grammar_branches", "logprobs", "top_logprobs")
+    __slots__ = ("model", "prompt", "messages", "max_tokens", "stop", "sampling", "tools", "grammar", "grammar_branches", "logprobs", "top_logprobs", "tool_choice")
     MODEL_FIELD_NUMBER: _ClassVar[int]
     PROMPT_FIELD_NUMBER: _ClassVar[int]
     MESSAGES_FIELD_NUMBER: _ClassVar[int]
@@ -124,6 +124,7 @@ class TextRequest(_message.Message):
     GRAMMAR_BRANCHES_FIELD_NUMBER: _ClassVar[int]
     LOGPROBS_FIELD_NUMBER: _ClassVar[int]
     TOP_LOGPROBS_FIELD_NUMBER: _ClassVar[int]
+    TOOL_CHOICE_FIELD_NUMBER: _ClassVar[int]
     model: str
     prompt: str
     messages: _containers.RepeatedCompositeFieldContainer[_inference_pb2.ChatMessage]
@@ -135,7 +136,8 @@ class TextRequest(_message.Message):
     grammar_branches: int
     logprobs: bool
     top_logprobs: int
-    def __init__(self, model: _Optional[str] = ..., prompt: _Optional[str] = ..., messages: _Optional[_Iterable[_Union[_inference_pb2.ChatMessage, _Mapping]]] = ..., max_tokens: _Optional[int] = ..., stop: _Optional[_Iterable[str]] = ..., sampling: _Optional[_Union[Sampling, _Mapping]] = ..., tools: _Optional[_Iterable[_Union[_inference_pb2.Tool, _Mapping]]] = ..., grammar: _Optional[str] = ..., grammar_branches: _Optional[int] = ..., logprobs: _Optional[bool] = ..., top_logprobs: _Optional[int] = ...) -> None: ...
+    tool_choice: _inference_pb2.ToolChoice
+    def __init__(self, model: _Optional[str] = ..., prompt: _Optional[str] = ..., messages: _Optional[_Iterable[_Union[_inference_pb2.ChatMessage, _Mapping]]] = ..., max_tokens: _Optional[int] = ..., stop: _Optional[_Iterable[str]] = ..., sampling: _Optional[_Union[Sampling, _Mapping]] = ..., tools: _Optional[_Iterable[_Union[_inference_pb2.Tool, _Mapping]]] = ..., grammar: _Optional[str] = ..., grammar_branches: _Optional[int] = ..., logprobs: _Optional[bool] = ..., top_logprobs: _Optional[int] = ..., tool_choice: _Optional[_Union[_inference_pb2.ToolChoice, _Mapping]] = ...) -> None: ...
 
 class Sampling(_message.Message):
     __slots__ = ("temperature", "top_p", "top_k", "min_p", "repeat_penalty", "seed", "presence_penalty", "frequency_penalty")

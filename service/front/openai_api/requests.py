@@ -34,6 +34,7 @@ def chat_request(body: Body) -> pb.GenerateRequest:
     request.messages.extend(_message(m, index) for index, m in enumerate(messages))
     if _tools_offered(body):
         request.tools.extend(_tool(t, index) for index, t in enumerate(body["tools"]))
+    _tool_choice(body, request)
     _response_format(body.get("response_format"), request)
     _sampling(body, request)
     if body.get("logprobs"):
@@ -159,15 +160,26 @@ def _tools_offered(body: Body) -> bool:
         return False
     if not isinstance(tools, list):
         raise InvalidRequest('`tools` must be an array of {type: "function", function: {...}}')
+    return body.get("tool_choice") != "none"
+
+
+def _tool_choice(body: Body, request: pb.GenerateRequest) -> None:
+    """A forced call: "required" (any tool) or {type: "function", function: {name}}."""
     choice = body.get("tool_choice", "auto")
-    if choice == "none":
-        return False
-    if choice != "auto":
-        raise NotSupported(
-            '`tool_choice` may be "auto" or "none": forcing a call is not supported; '
-            "leave it out and the model decides"
+    if choice in ("auto", "none", None):
+        return
+    function = choice.get("function") if isinstance(choice, dict) else None
+    if choice == "required":
+        request.tool_choice.SetInParent()
+    elif isinstance(function, dict) and isinstance(function.get("name"), str):
+        request.tool_choice.name = function["name"]
+    else:
+        raise InvalidRequest(
+            '`tool_choice` must be "auto", "none", "required" or '
+            '{"type": "function", "function": {"name": ...}}'
         )
-    return True
+    # One call unless several are asked for, as llama.cpp's server does (OpenAI: several).
+    request.tool_choice.parallel_calls = body.get("parallel_tool_calls") is True
 
 
 def _tool(tool: object, index: int) -> pb.Tool:

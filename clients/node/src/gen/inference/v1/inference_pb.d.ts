@@ -322,6 +322,19 @@ export declare type GenerateRequest = Message<"inference.v1.GenerateRequest"> & 
    * @generated from field: optional float frequency_penalty = 18;
    */
   frequencyPenalty?: number | undefined;
+
+  /**
+   * With `tools`: makes the model call one instead of deciding for itself
+   * (unset: it may answer in text or call any, OpenAI's "auto"). The output
+   * is constrained to calls written in the model's convention, each tool's
+   * arguments to its `parameters_json` schema. Needs a model whose chat
+   * template teaches a convention the server reads (see `tools`), else
+   * FAILED_PRECONDITION; it cannot be combined with `grammar` or
+   * `response_format` (INVALID_ARGUMENT).
+   *
+   * @generated from field: inference.v1.ToolChoice tool_choice = 19;
+   */
+  toolChoice?: ToolChoice | undefined;
 };
 
 /**
@@ -329,6 +342,38 @@ export declare type GenerateRequest = Message<"inference.v1.GenerateRequest"> & 
  * Use `create(GenerateRequestSchema)` to create a new message.
  */
 export declare const GenerateRequestSchema: GenMessage<GenerateRequest>;
+
+/**
+ * Which tool calls GenerateRequest.tool_choice forces.
+ *
+ * @generated from message inference.v1.ToolChoice
+ */
+export declare type ToolChoice = Message<"inference.v1.ToolChoice"> & {
+  /**
+   * The tool the model must call, one of the request's `tools` by name
+   * (OpenAI's {"type": "function", "function": {"name": ...}}). Empty: any
+   * of them (OpenAI's "required").
+   *
+   * @generated from field: string name = 1;
+   */
+  name: string;
+
+  /**
+   * Allow several calls in one turn, one after another, where the convention
+   * can write them (Hermes and FunctionGemma; Gemma 3's JSON form holds one).
+   * Off: exactly one call. Off by default, as in llama.cpp's server: small
+   * models allowed more than one tend to repeat calls until max_tokens.
+   *
+   * @generated from field: bool parallel_calls = 2;
+   */
+  parallelCalls: boolean;
+};
+
+/**
+ * Describes the message inference.v1.ToolChoice.
+ * Use `create(ToolChoiceSchema)` to create a new message.
+ */
+export declare const ToolChoiceSchema: GenMessage<ToolChoice>;
 
 /**
  * One event of a Generate stream.
