@@ -6,6 +6,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import grpc
 import pytest
 from transformers import AutoTokenizer
 
@@ -61,3 +62,16 @@ def test_chat_uses_the_checkpoint_template(stub: pb_grpc.InferenceStub, checkpoi
     loaded = {m.name: m for m in stub.ListModels(pb.ListModelsRequest()).models}
     assert loaded["tiny"].backend == "mlx-lm"
     assert Path(loaded["tiny"].source).name == "tiny"
+
+
+def test_a_grammar_on_a_checkpoint_is_refused_naming_the_backend(
+    stub: pb_grpc.InferenceStub,
+) -> None:
+    request = pb.GenerateRequest(model="tiny", prompt="Hi", grammar='root ::= "a"', max_tokens=2)
+    with pytest.raises(grpc.RpcError) as caught:
+        collect(stub.Generate(request))
+    assert caught.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+    assert "use a GGUF model" in (caught.value.details() or "")
+    # The model goes on serving.
+    request.ClearField("grammar")
+    assert finished_of(collect(stub.Generate(request))).usage.completion_tokens > 0
