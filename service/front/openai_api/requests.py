@@ -178,7 +178,8 @@ def _tool_choice(body: Body, request: pb.GenerateRequest) -> None:
             '`tool_choice` must be "auto", "none", "required" or '
             '{"type": "function", "function": {"name": ...}}'
         )
-    # One call unless several are asked for, as llama.cpp's server does (OpenAI: several).
+    # One call unless several are asked for (OpenAI's default is several): small models
+    # allowed several tend to repeat calls until max_tokens.
     request.tool_choice.parallel_calls = body.get("parallel_tool_calls") is True
 
 

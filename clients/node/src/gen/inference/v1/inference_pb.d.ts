@@ -361,8 +361,8 @@ export declare type ToolChoice = Message<"inference.v1.ToolChoice"> & {
   /**
    * Allow several calls in one turn, one after another, where the convention
    * can write them (Hermes and FunctionGemma; Gemma 3's JSON form holds one).
-   * Off: exactly one call. Off by default, as in llama.cpp's server: small
-   * models allowed more than one tend to repeat calls until max_tokens.
+   * Off (the default): exactly one call. Small models allowed more than one
+   * tend to repeat calls until max_tokens.
    *
    * @generated from field: bool parallel_calls = 2;
    */
