@@ -79,6 +79,13 @@ def _generate_request(args: argparse.Namespace) -> pb.GenerateRequest:
         request.response_format.json_schema = args.json_schema
     if args.top_logprobs is not None:
         request.logprobs, request.top_logprobs = True, args.top_logprobs
+    for tool in args.tool:
+        name, _, schema = tool.partition("=")
+        request.tools.append(pb.Tool(name=name, parameters_json=schema))
+    if args.tool_choice is not None:
+        request.tool_choice.SetInParent()  # set and empty: any of the tools
+        if args.tool_choice != "required":
+            request.tool_choice.name = args.tool_choice
     if args.chat:
         request.messages.append(pb.ChatMessage(role="user", content=args.prompt))
     else:
@@ -118,7 +125,10 @@ def _print_stream(stream: Iterable[pb.GenerateResponse], as_json: bool) -> None:
         if event == "delta":
             print(response.delta.text, end="", flush=True)
         elif event == "finished":
-            print("\n" + _summary_line(response.finished), file=sys.stderr)
+            print(file=sys.stderr)
+            for call in response.finished.tool_calls:
+                print(f"[tool call: {call.name} {call.arguments_json}]", file=sys.stderr)
+            print(_summary_line(response.finished), file=sys.stderr)
 
 
 def generate(args: argparse.Namespace) -> int:
@@ -364,6 +374,18 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument("--json-schema", help="JSON Schema (as text) the output must satisfy")
     gen.add_argument(
         "--top-logprobs", type=int, help="report logprobs with N alternatives (see --json)"
+    )
+    gen.add_argument(
+        "--tool",
+        action="append",
+        default=[],
+        metavar="NAME[=SCHEMA]",
+        help="a function the model may call, with its arguments' JSON Schema; repeatable",
+    )
+    gen.add_argument(
+        "--tool-choice",
+        metavar="NAME|required",
+        help="make the model call that tool, or any of them (required)",
     )
     gen.set_defaults(run=generate)
 

@@ -17,6 +17,7 @@ import grpc
 import jsonschema
 import pytest
 
+from clients.cli import main
 from inference.v1 import inference_pb2 as pb
 from inference.v1 import inference_pb2_grpc as pb_grpc
 from service.config import ModelConfig
@@ -26,7 +27,15 @@ from service.models.embedded import EMBEDDED_MODELS
 from service.text.requests import GenerationRequest, Tool, ToolChoice
 from service.tools import CONVENTIONS
 from service.tools.base import ToolCallParser
-from tests.conftest import GEMMA, SMOLLM, collect, finished_of, make_settings, serving
+from tests.conftest import (
+    GEMMA,
+    SMOLLM,
+    RunningServer,
+    collect,
+    finished_of,
+    make_settings,
+    serving,
+)
 from tests.test_chat_template_tools import QWEN25_TEMPLATE
 
 CITY = {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}
@@ -117,7 +126,7 @@ def test_a_choice_the_request_cannot_meet_is_invalid(
 
 
 @pytest.fixture(scope="module")
-def stub() -> Iterator[pb_grpc.InferenceStub]:
+def served() -> Iterator[tuple[RunningServer, pb_grpc.InferenceStub]]:
     smollm = str(EMBEDDED_MODELS[SMOLLM].locate())
     models = {
         "hermes": ModelConfig(source=smollm, chat_template=QWEN25_TEMPLATE),
@@ -126,8 +135,13 @@ def stub() -> Iterator[pb_grpc.InferenceStub]:
         ),
         "function-gemma": ModelConfig(source=smollm, chat_template=FUNCTION_GEMMA_TURNS),
     }
-    with serving(make_settings(models=models, cached_sequences=0)) as (_, stub):
-        yield stub
+    with serving(make_settings(models=models, cached_sequences=0)) as running:
+        yield running
+
+
+@pytest.fixture(scope="module")
+def stub(served: tuple[RunningServer, pb_grpc.InferenceStub]) -> pb_grpc.InferenceStub:
+    return served[1]
 
 
 def assert_valid_calls(finished: pb.GenerationFinished, names: set[str]) -> None:
@@ -200,3 +214,17 @@ def test_tool_choice_with_a_grammar_is_invalid_argument(stub: pb_grpc.InferenceS
         collect(stub.Generate(request))
     assert caught.value.code() == grpc.StatusCode.INVALID_ARGUMENT
     assert "leave out `grammar`" in (caught.value.details() or "")
+
+
+def test_the_command_line_client_forces_a_call_and_prints_it(
+    served: tuple[RunningServer, pb_grpc.InferenceStub], capsys: pytest.CaptureFixture[str]
+) -> None:
+    argv = ["--target", served[0].target, "generate", "--model", "hermes", "--chat"]
+    argv += ["--temperature", "0", "--tool", f"get_time={json.dumps(CLOCK)}", "--tool", "ping"]
+    assert main([*argv, "--tool-choice", "get_time", "Is it raining?"]) == 0
+    err = capsys.readouterr().err
+    (line,) = [line for line in err.splitlines() if line.startswith("[tool call: ")]
+    name, arguments = line.removeprefix("[tool call: ").removesuffix("]").split(" ", 1)
+    assert name == "get_time"
+    jsonschema.validate(json.loads(arguments), CLOCK)
+    assert "finish: tool_call" in err
