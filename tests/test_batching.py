@@ -13,7 +13,15 @@ import pytest
 
 from inference.v1 import inference_pb2 as pb
 from inference.v1 import inference_pb2_grpc as pb_grpc
-from tests.conftest import RunningServer, collect, finished_of, make_settings, serving, text_of
+from tests.conftest import (
+    RunningServer,
+    collect,
+    eventually,
+    finished_of,
+    make_settings,
+    serving,
+    text_of,
+)
 
 T = TypeVar("T")
 
@@ -196,6 +204,8 @@ def test_beyond_the_waiting_bound_requests_are_refused_at_once() -> None:
         assert caught.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
         assert "retry" in (caught.value.details() or "")
         occupying.cancel()
+        # The cancel reaches the engine on its own time; until it has, the place is taken.
+        assert eventually(lambda: model.engine.running == 0)
         assert (
             finished_of(
                 collect(stub.Generate(greedy("Hello", max_tokens=2)))

@@ -21,11 +21,12 @@ from tests.conftest import (
     SMOLLM,
     RunningServer,
     collect,
+    eventually,
     finished_of,
     make_settings,
     serving,
 )
-from tests.test_engine_processes import alive, engine_pids, eventually, greedy
+from tests.test_engine_processes import alive, engine_pids, greedy
 
 SERVING = health_pb2.HealthCheckResponse.SERVING
 NOT_SERVING = health_pb2.HealthCheckResponse.NOT_SERVING

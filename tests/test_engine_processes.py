@@ -10,9 +10,8 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
-import time
 import urllib.request
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 
 import grpc
@@ -32,6 +31,7 @@ from tests.conftest import (
     SMOLLM,
     RunningServer,
     collect,
+    eventually,
     finished_of,
     make_settings,
     serving,
@@ -61,14 +61,6 @@ def alive(pid: int) -> bool:
             return stat.read().rpartition(")")[2].split()[0] != "Z"
     except OSError:
         return False
-
-
-def eventually(condition: Callable[[], bool]) -> bool:
-    """Whether `condition` holds within a minute: a bound on a hang, not on speed."""
-    deadline = time.monotonic() + 60
-    while not condition() and time.monotonic() < deadline:
-        time.sleep(0.02)
-    return condition()
 
 
 @pytest.fixture(scope="module")

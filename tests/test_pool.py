@@ -11,7 +11,6 @@ import asyncio
 import os
 import sys
 import threading
-import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
@@ -38,6 +37,7 @@ from tests.conftest import (
     SMOLLM,
     RunningServer,
     collect,
+    eventually,
     finished_of,
     make_settings,
     serving,
@@ -133,14 +133,6 @@ class Held:
             await self._task
 
         self._running.run(end())
-
-
-def eventually(condition: Callable[[], bool]) -> bool:
-    """Whether `condition` holds within a minute: a bound on a hang, not on speed."""
-    deadline = time.monotonic() + 60
-    while not condition() and time.monotonic() < deadline:
-        time.sleep(0.02)
-    return condition()
 
 
 def test_least_recently_used_idle_model_is_evicted(

@@ -12,7 +12,14 @@ from typing import TypeVar
 
 from inference.v1 import inference_pb2 as pb
 from inference.v1 import inference_pb2_grpc as pb_grpc
-from tests.conftest import RunningServer, collect, finished_of, make_settings, serving
+from tests.conftest import (
+    RunningServer,
+    collect,
+    eventually,
+    finished_of,
+    make_settings,
+    serving,
+)
 from tests.test_external_image import wrapper
 
 T = TypeVar("T")
@@ -20,14 +27,6 @@ T = TypeVar("T")
 
 def greedy(prompt: str, max_tokens: int) -> pb.GenerateRequest:
     return pb.GenerateRequest(prompt=prompt, max_tokens=max_tokens, temperature=0.0)
-
-
-def eventually(condition: Callable[[], bool]) -> bool:
-    """Whether `condition` holds within a minute: a bound on a hang, not on speed."""
-    deadline = time.monotonic() + 60
-    while not condition() and time.monotonic() < deadline:
-        time.sleep(0.01)
-    return condition()
 
 
 def wait_behind_a_stream(
