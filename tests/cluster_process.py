@@ -75,6 +75,21 @@ class ClusterProcess:
         """What the picker logged of the replicas (for a failing assertion's message)."""
         return "".join(line for line in self.log if '"replica ' in line)
 
+    def picker_models(self, replica: str) -> list[str]:
+        """The models the picker last logged `replica` as having loaded."""
+        for line in reversed(self.log):
+            if '"replica ' in line and f'"{replica}"' in line:
+                return list(json.loads(line).get("models", []))
+        return []
+
+    def wait_until_the_picker_sees(self, replica: str, model: str, timeout: float = 60) -> None:
+        """Until the picker's view has `model` loaded on `replica`: a poll can be late on a
+        busy machine, and a fixed wait then routes by an old view."""
+        deadline = time.monotonic() + timeout
+        while model not in self.picker_models(replica) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert model in self.picker_models(replica), self.picker_view()
+
     def picker_pid(self) -> int:
         return int(self.ready["picker"]["pid"])
 

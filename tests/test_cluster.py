@@ -124,7 +124,7 @@ def test_a_model_goes_where_it_is_loaded_and_a_cold_one_to_the_least_busy(
     assert served == idle, cluster.picker_view()  # cold everywhere: the least busy
     for stream in busy:
         stream.join()
-    time.sleep(SEEN)
+    cluster.wait_until_the_picker_sees(idle, GEMMA)
     for text in ("Once upon a time", "The capital of France is", "Water boils at"):
         request = pb.GenerateRequest(model=GEMMA, prompt=text, max_tokens=4, temperature=0)
         served = generate(through_envoy, request)[2]

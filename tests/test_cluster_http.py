@@ -28,7 +28,6 @@ from inference.v1 import inference_pb2 as pb
 from inference.v1 import inference_pb2_grpc as pb_grpc
 from service.cluster.picker import ENDPOINT_HEADER, METHOD_METADATA
 from tests.cluster_process import (
-    POLL_INTERVAL,
     ClusterProcess,
     generate,
     loaded_models,
@@ -37,7 +36,6 @@ from tests.cluster_process import (
 from tests.conftest import GEMMA, SMOLLM
 
 # The picker has seen a change once it has polled every replica again.
-SEEN = 4 * POLL_INTERVAL + 0.5
 REPLICA_HEADER = "x-inference-replica"
 
 
@@ -194,8 +192,8 @@ def test_a_model_goes_to_the_replica_that_has_it_loaded(
         direct = f"http://{cluster.http_addresses[holders[0]]}/v1"
         with openai.OpenAI(base_url=direct, api_key="none", max_retries=0) as alone:
             alone.completions.create(model=GEMMA, prompt="Hello", max_tokens=2)
-        time.sleep(SEEN)
     (home,) = holders
+    cluster.wait_until_the_picker_sees(home, GEMMA)
     for prompt in ("Once upon a time", "The capital of France is", "Water boils at"):
         raw = client.completions.with_raw_response.create(
             model=GEMMA, prompt=prompt, max_tokens=4, temperature=0

@@ -236,6 +236,8 @@ class ReplicaMonitor:
             self._on_lost(replica.address)
         if not replica.up:
             log.info("replica up", replica=replica.address, models=sorted(engines))
+        elif engines.keys() != replica.engines.keys():  # what routing by model now follows
+            log.info("replica models", replica=replica.address, models=sorted(engines))
         replica.up = True
         replica.slow_polls = 0
         replica.default_model = answer.default_model
