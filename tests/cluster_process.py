@@ -14,12 +14,14 @@ import subprocess
 import sys
 import threading
 import time
+import urllib.request
 from collections.abc import Iterator, Sequence
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
 import grpc
+from prometheus_client.parser import text_string_to_metric_families
 
 from inference.v1 import inference_pb2 as pb
 from inference.v1 import inference_pb2_grpc as pb_grpc
@@ -90,6 +92,30 @@ class ClusterProcess:
             time.sleep(0.05)
         assert model in self.picker_models(replica), self.picker_view()
 
+    def wait_until_the_picker_sees_busy(self, replica: str, timeout: float = 60) -> None:
+        """Until the picker's last poll of `replica` found a request running there (its
+        metrics say so: its log does not follow load)."""
+        deadline = time.monotonic() + timeout
+        while self._picker_load(replica) < 1 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert self._picker_load(replica) >= 1, self.picker_view()
+
+    def _picker_load(self, replica: str) -> float:
+        port = next(
+            json.loads(line)["port"]
+            for line in self.log
+            if '"event": "metrics"' in line and '"port"' in line
+        )
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as answer:
+            text = answer.read().decode()
+        return sum(
+            sample.value
+            for family in text_string_to_metric_families(text)
+            for sample in family.samples
+            if sample.name == "inference_picker_replica_load"
+            and sample.labels.get("replica") == replica
+        )
+
     def picker_pid(self) -> int:
         return int(self.ready["picker"]["pid"])
 
@@ -102,6 +128,7 @@ def cluster_process(replicas: int, server_args: Sequence[str] = ()) -> Iterator[
         "--listen", "127.0.0.1:0", "--replica-base-port", "0", "--picker-listen", "127.0.0.1:0",
         "--http-listen", "127.0.0.1:0", "--replica-http-base-port", "0",
         "--poll-interval", str(POLL_INTERVAL), "--envoy-threads", "1", "--log-format", "json",
+        "--picker-metrics-listen", "127.0.0.1:0",
         "--", "--threads", "1", *server_args,
     ]  # fmt: skip
     env = {**os.environ, "INFERENCE_LOG_FORMAT": "json"}

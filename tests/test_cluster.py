@@ -10,7 +10,6 @@ import signal
 import subprocess
 import sys
 import threading
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -23,7 +22,6 @@ from grpc_reflection.v1alpha.proto_reflection_descriptor_database import (
 from inference.v1 import inference_pb2 as pb
 from inference.v1 import inference_pb2_grpc as pb_grpc
 from tests.cluster_process import (
-    POLL_INTERVAL,
     ClusterProcess,
     cluster_process,
     generate,
@@ -36,7 +34,6 @@ from tests.conftest import GEMMA
 NODE = shutil.which("node")
 NODE_CLIENT = Path(__file__).resolve().parent.parent / "clients" / "node"
 # The picker has seen a change once it has polled every replica again.
-SEEN = 4 * POLL_INTERVAL + 0.5
 # A raw prompt the instruct model keeps continuing: a stream that runs for seconds.
 COUNTING = pb.GenerateRequest(
     prompt="1, 2, 3, 4, 5, 6, 7, 8, 9, 10,", max_tokens=300, temperature=0
@@ -118,7 +115,8 @@ def test_a_model_goes_where_it_is_loaded_and_a_cold_one_to_the_least_busy(
     # The shared cluster: test_cluster_http.py loads it on `idle` only, if at all.
     assert all(GEMMA not in loaded_models(r) for r in (first, second))
     busy = [Stream(first), Stream(second)]  # straight to the replicas, past Envoy
-    time.sleep(SEEN)
+    for replica in (first, second):
+        cluster.wait_until_the_picker_sees_busy(replica)
     request = pb.GenerateRequest(model=GEMMA, prompt="The sky is", max_tokens=4, temperature=0)
     served = generate(through_envoy, request)[2]
     assert served == idle, cluster.picker_view()  # cold everywhere: the least busy
