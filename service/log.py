@@ -41,6 +41,10 @@ def configure(*, as_json: bool, level: str) -> None:
         wrapper_class=structlog.make_filtering_bound_logger(
             logging.getLevelNamesMapping()[level.upper()]
         ),
-        logger_factory=structlog.PrintLoggerFactory(file=sys.stderr),
+        # One write per line, newline included: print() writes the newline apart, and
+        # when Python's streams are unbuffered (PYTHONUNBUFFERED, usual in containers)
+        # that is two writes, so processes sharing one stderr (a cluster's replicas,
+        # a server and its engines) interleave mid-line.
+        logger_factory=structlog.WriteLoggerFactory(file=sys.stderr),
         cache_logger_on_first_use=True,
     )
