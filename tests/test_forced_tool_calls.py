@@ -23,6 +23,7 @@ from inference.v1 import inference_pb2_grpc as pb_grpc
 from service.config import ModelConfig
 from service.errors import InvalidRequest
 from service.grammar.forced_call import forced_call_grammar
+from service.grammar.integer_range import integer_range_gbnf
 from service.models.embedded import EMBEDDED_MODELS
 from service.text.requests import GenerationRequest, Tool, ToolChoice
 from service.tools import CONVENTIONS
@@ -105,6 +106,15 @@ def test_a_tool_schema_past_a_limit_is_refused_in_the_tools_name() -> None:
     huge = Tool("big", parameters_json=json.dumps({"type": "string", "maxLength": 10**6}))
     with pytest.raises(InvalidRequest, match=r"tools\[1\] \(big\) parameters_json: maxLength"):
         forced_call_grammar(shape, (*tools("get_time"), huge), ToolChoice())
+
+
+def test_a_tool_s_integer_bounds_hold_in_its_call() -> None:
+    shape = CONVENTIONS[1][1].shape
+    assert shape is not None
+    volume = {"type": "object", "properties": {"level": {"type": "integer", "maximum": 10}}}
+    tool = Tool("set_volume", parameters_json=json.dumps(volume))
+    grammar = forced_call_grammar(shape, (tool,), ToolChoice(name="set_volume"))
+    assert f"({integer_range_gbnf(None, 10)}) space" in grammar.text
 
 
 @pytest.mark.parametrize(

@@ -66,6 +66,32 @@ def test_a_json_schema_gives_json_that_validates(stub: pb_grpc.InferenceStub) ->
     jsonschema.validate(json.loads(text_of(events)), PERSON)
 
 
+@pytest.mark.parametrize(
+    ("question", "schema"),
+    [
+        (
+            "In what year did the Berlin Wall fall? Reply in JSON.",
+            {
+                "type": "object",
+                "properties": {"year": {"type": "integer", "minimum": 1990, "maximum": 1999}},
+                "required": ["year"],
+            },
+        ),
+        ("How many legs has a cat? Reply with a number.", {"type": "integer", "maximum": -2}),
+    ],
+)
+def test_integer_bounds_hold_even_against_the_model_s_answer(
+    stub: pb_grpc.InferenceStub, question: str, schema: dict[str, object]
+) -> None:
+    request = greedy(
+        messages=[pb.ChatMessage(role="user", content=question)],
+        response_format=pb.ResponseFormat(json_schema=json.dumps(schema)),
+        max_tokens=24,
+    )
+    events = collect(stub.Generate(request))
+    jsonschema.validate(json.loads(text_of(events)), schema)
+
+
 def test_a_schema_the_converter_rejects_is_invalid_argument(stub: pb_grpc.InferenceStub) -> None:
     bad = pb.ResponseFormat(json_schema='{"type": "object", "properties": 7}')
     with pytest.raises(grpc.RpcError) as caught:

@@ -15,7 +15,10 @@ module is not changed, for this server or any other caller. The subclass:
   same name (`string`, `object`);
 - names rules in constant time, where upstream searches for a free name,
   quadratic in names that escape alike;
-- counts the subschemas it visits, and how deep it is, and stops past the limits.
+- counts the subschemas it visits, and how deep it is, and stops past the limits;
+- bounds integers by `minimum`, `maximum` and their exclusive forms
+  (`integer_range`), which upstream leaves unenforced, also where `type` is a
+  list (upstream drops every keyword but `type` there).
 
 Upstream's own `visit` and `_visit_pattern` do the converting: they are
 re-bound to a namespace where `_build_repetition` is this module's.
@@ -27,9 +30,10 @@ import types
 from collections.abc import Callable
 from typing import Any
 
-from llama_cpp.llama_grammar import INVALID_RULE_CHARS_RE, SchemaConverter
+from llama_cpp.llama_grammar import INVALID_RULE_CHARS_RE, RESERVED_NAMES, SchemaConverter
 
 from service.grammar.grammar_limits import SchemaLimits, limit_exceeded
+from service.grammar.integer_range import BOUND_KEYWORDS, integer_bounds, integer_range_gbnf
 from service.grammar.schema_limits import WHAT
 
 
@@ -79,9 +83,26 @@ class BoundedSchemaConverter(SchemaConverter):
                 raise limit_exceeded(
                     WHAT, "the nesting of its subschemas and $refs", self._limits.depth, "levels"
                 )
+            if _bounded_integers(schema):
+                return self._bounded_integer(schema, name)
+            if _bounded_type_list(schema):
+                return self._upstream_union_of_types(schema, name)
             return str(self._upstream_visit(schema, name))
         finally:
             self._depth -= 1
+
+    def _bounded_integer(self, schema: dict[str, Any], name: str) -> str:
+        low, high = integer_bounds(schema)
+        if low is None and high is None:  # bounds past 16 digits: the converter's own rule
+            return str(self._upstream_visit({"type": "integer"}, name))
+        return self._add_rule(_rule_name(name), f"({integer_range_gbnf(low, high)}) space")
+
+    def _upstream_union_of_types(self, schema: dict[str, Any], name: str) -> str:
+        """`type: [..]` as upstream writes it, each type keeping the schema's bounds."""
+        bounds = {key: schema[key] for key in BOUND_KEYWORDS if key in schema}
+        alternatives = [{"type": kind, **bounds} for kind in schema["type"]]
+        union = self._generate_union_rule(name, alternatives)  # type: ignore[no-untyped-call]
+        return self._add_rule(_rule_name(name), str(union))
 
     def _visit_pattern(self, pattern: str, name: str) -> str:
         return str(self._upstream_pattern(pattern, name))
@@ -138,6 +159,35 @@ class BoundedSchemaConverter(SchemaConverter):
         if max_items == 0:
             return ""
         return f"({item_rule} {_repeat(rest, 0, more)})?".replace(" )", ")")
+
+
+def _rule_name(name: str) -> str:
+    """The rule name upstream's `visit` gives a subschema called `name`."""
+    return name + "-" if name in RESERVED_NAMES else name or "root"
+
+
+# Keywords upstream's `visit` acts on before it reaches a schema's `type`.
+_TAKEN_FIRST = ("$ref", "oneOf", "anyOf", "const", "enum")
+
+
+def _bounded_integers(schema: Any) -> bool:
+    """An integer schema with bounds, which upstream would write as any integer."""
+    return (
+        isinstance(schema, dict)
+        and schema.get("type") == "integer"
+        and any(key in schema for key in BOUND_KEYWORDS)
+        and not any(key in schema for key in _TAKEN_FIRST)
+    )
+
+
+def _bounded_type_list(schema: Any) -> bool:
+    """`type: [...]` beside bounds, which upstream would drop."""
+    return (
+        isinstance(schema, dict)
+        and isinstance(schema.get("type"), list)
+        and any(key in schema for key in BOUND_KEYWORDS)
+        and not any(key in schema for key in ("$ref", "oneOf", "anyOf"))
+    )
 
 
 def _repeat(symbol: str, low: int, high: int | None) -> str:
