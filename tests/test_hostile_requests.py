@@ -161,6 +161,16 @@ def test_json_nested_without_end_is_invalid_argument(stub: pb_grpc.InferenceStub
     assert "nests deeper than 64 levels" in (error.details() or "")
 
 
+def test_an_integer_too_long_to_read_is_invalid_argument(stub: pb_grpc.InferenceStub) -> None:
+    arguments = '{"n": ' + "1" * 5000 + "}"  # past the 4,300 digits Python reads as an int
+    call = pb.ToolCall(id="c", name="f", arguments_json=arguments)
+    turns = [pb.ChatMessage(role="assistant", tool_calls=[call]), pb.ChatMessage(role="user")]
+    error = _refusal(lambda: stub.Generate(pb.GenerateRequest(messages=turns), timeout=FAST))
+    assert error.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert "not valid JSON" in (error.details() or "")
+    _still_serving(stub)
+
+
 # --- size: names and message lists -----------------------------------------------------
 
 

@@ -361,6 +361,38 @@ def test_errors_are_the_sdk_s_own_exceptions(client: openai.OpenAI) -> None:
         chat(client, model=SMOLLM, messages=[])
 
 
+HUGE_NUMBER = "1" * 5000  # past the 4,300 digits Python reads as an int
+HOSTILE_BODIES = {
+    "nested without end": '{"messages": ' + "[" * 100_000 + "]" * 100_000 + "}",
+    "nested past the bound": '{"messages": [{"role": "user", "content": "hi"}], "metadata": '
+    + '{"a": ' * 80
+    + "1"
+    + "}" * 81,
+    "a number too long to read": '{"messages": [], "max_tokens": ' + HUGE_NUMBER + "}",
+    "a number past any float": '{"messages": [{"role": "user", "content": "hi"}], '
+    '"temperature": 1' + "0" * 400 + "}",
+    "call arguments too long to read": '{"messages": [{"role": "assistant", "tool_calls": '
+    '[{"id": "c", "type": "function", "function": {"name": "f", "arguments": "{\\"n\\": '
+    + HUGE_NUMBER
+    + '}"}}]}, {"role": "user", "content": "hi"}]}',
+}
+
+
+@pytest.mark.parametrize("body", HOSTILE_BODIES.values(), ids=HOSTILE_BODIES.keys())
+def test_a_hostile_body_is_a_400_and_the_server_serves_on(
+    running: RunningServer, client: openai.OpenAI, body: str
+) -> None:
+    reply = httpx.post(
+        base_url(running) + "/chat/completions",
+        content=body.encode(),
+        headers={"content-type": "application/json"},
+    )
+    assert reply.status_code == 400, reply.text
+    assert reply.json()["error"]["type"] == "invalid_request_error"
+    answer = chat(client, model=SMOLLM, messages=QUESTION, max_tokens=2)
+    assert answer.usage.completion_tokens == 2
+
+
 def test_a_body_too_large_is_413_in_openai_s_error_shape(running: RunningServer) -> None:
     size = int(running.server.settings.max_receive_message_bytes) + 1
     reply = httpx.post(

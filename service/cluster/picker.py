@@ -29,7 +29,6 @@ reason, their time, the replicas up, the polls' time.
 from __future__ import annotations
 
 import asyncio
-import json
 import random
 import signal
 import struct
@@ -56,7 +55,7 @@ from service.cluster.ranking import ranked
 from service.cluster.replicas import ReplicaMonitor
 from service.cluster.settings import PickerSettings, load_picker_settings
 from service.errors import ServiceError
-from service.front.openai_api.requests import chat_request, completion_request
+from service.front.openai_api.requests import chat_request, completion_request, parse_body
 from service.log import configure_logging
 
 log = structlog.get_logger("picker")
@@ -109,13 +108,7 @@ def read_json_body(body: bytes, method: str) -> pb.GenerateRequest | None:
     Completions) asks for, as the replica will read it. None if it is not JSON, or
     JSON the replica will refuse (it answers 400 wherever it goes)."""
     try:
-        parsed = json.loads(body)
-    except ValueError:  # UnicodeDecodeError and JSONDecodeError alike
-        return None
-    if not isinstance(parsed, dict):
-        return None
-    try:
-        return HTTP_ROUTED[method](parsed)
+        return HTTP_ROUTED[method](parse_body(body))
     except ServiceError:
         return None
 

@@ -48,7 +48,7 @@ def _json_object(text: str, what: str) -> dict[str, Any]:
     """`text` parsed as a JSON object, or InvalidRequest naming `what`."""
     try:
         value = json.loads(text)
-    except json.JSONDecodeError as exc:
+    except ValueError as exc:  # JSONDecodeError, or an integer of 4,300 digits and more
         raise InvalidRequest(f"{what} is not valid JSON: {exc}") from exc
     except RecursionError:
         raise InvalidRequest(f"{what} nests deeper than {MAX_JSON_DEPTH} levels") from None

@@ -35,6 +35,7 @@ from service.front.openai_api.requests import (
     Translate,
     chat_request,
     completion_request,
+    parse_body,
     wants_usage_in_stream,
 )
 from service.front.openai_api.responses import Reply
@@ -169,14 +170,10 @@ class OpenAiHttp:
 
 async def _json_body(request: web.Request) -> Body:
     try:
-        body = await request.json()
+        raw = await request.read()
     except web.HTTPRequestEntityTooLarge as exc:
         raise BodyTooLarge(exc.text or "the request body is too large") from exc
-    except (ValueError, UnicodeDecodeError) as exc:
-        raise InvalidRequest(f"the request body is not JSON: {exc}") from exc
-    if not isinstance(body, dict):
-        raise InvalidRequest("the request body must be a JSON object")
-    return body
+    return parse_body(raw)
 
 
 class BodyTooLarge(InvalidRequest):

@@ -12,7 +12,8 @@ from collections.abc import Callable
 from typing import Any
 
 from inference.v1 import inference_pb2 as pb
-from service.errors import InvalidRequest, NotSupported
+from service.errors import InvalidRequest, NotSupported, excerpt
+from service.text.requests import MAX_JSON_DEPTH, json_depth
 
 Body = dict[str, Any]
 
@@ -21,6 +22,26 @@ IGNORED = frozenset(
     {"user", "store", "metadata", "parallel_tool_calls", "service_tier", "stream_options", "stream"}
 )
 _UINT32 = (1 << 32) - 1
+# A tool's JSON schema sits a few levels inside the body and has a bound of its
+# own (MAX_JSON_DEPTH); nothing else a request holds nests near this.
+MAX_BODY_DEPTH = MAX_JSON_DEPTH + 8
+
+
+def parse_body(raw: bytes) -> Body:
+    """A request body as a JSON object, or InvalidRequest saying why it is not one."""
+    try:
+        body = json.loads(raw)
+    except ValueError as exc:  # also UnicodeDecodeError, and integers of 4,300+ digits
+        raise InvalidRequest(f"the request body is not JSON: {exc}") from exc
+    except RecursionError:
+        raise InvalidRequest(
+            f"the request body nests deeper than {MAX_BODY_DEPTH} levels"
+        ) from None
+    if not isinstance(body, dict):
+        raise InvalidRequest("the request body must be a JSON object")
+    if json_depth(body) > MAX_BODY_DEPTH:
+        raise InvalidRequest(f"the request body nests deeper than {MAX_BODY_DEPTH} levels")
+    return body
 
 
 def chat_request(body: Body) -> pb.GenerateRequest:
@@ -245,7 +266,10 @@ def _number(body: Body, name: str) -> float:
     value = body[name]
     if isinstance(value, bool) or not isinstance(value, int | float):
         raise InvalidRequest(f"`{name}` must be a number")
-    return float(value)
+    try:
+        return float(value)
+    except OverflowError:  # an integer past any float: out of every range served
+        raise InvalidRequest(f"`{name}` is out of range: {excerpt(str(value), 40)}") from None
 
 
 def _int(body: Body, name: str, low: int, high: int) -> int:
