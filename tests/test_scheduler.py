@@ -251,3 +251,35 @@ def test_a_request_cancelled_while_waiting_is_ended_without_running(overlap: boo
     assert waiting.closed is True  # its stream ended, so the engine lets go of it
     assert waiting.tokens == 0
     assert "waiting" not in harness.backend.finished  # it never got a sequence
+
+
+class BrokenSink(Sink):
+    """A sink whose sending fails, as a bug in one request's response code would."""
+
+    def __init__(self, fails_on: type[DecodeEvent]) -> None:
+        super().__init__()
+        self.fails_on = fails_on
+
+    def send(self, item: DecodeEvent) -> None:
+        if isinstance(item, self.fails_on):
+            raise TypeError("Object of type set is not JSON serializable")
+        super().send(item)
+
+
+@pytest.mark.parametrize("fails_on", [Delta, Finished], ids=["mid-stream", "at-its-end"])
+def test_a_request_whose_events_cannot_be_sent_fails_alone(
+    overlap: bool, fails_on: type[DecodeEvent]
+) -> None:
+    harness = Harness(max_sequences=4, overlap=overlap)
+    others = [harness.submit(f"r{i}", prompt=6, answer=30) for i in range(2)]
+    broken = BrokenSink(fails_on)
+    plan = DecodePlan(SequenceRequest((2000,) + (TOKEN,) * 5, GREEDY, 3), (), time_limit_s=None)
+    harness.backend.names[2000] = "broken"
+    harness.scheduler.enqueue(plan, 0.0, broken)
+    harness.run(200)
+    assert isinstance(broken.closed, TypeError)  # its stream ended with the error
+    assert "broken" in harness.backend.finished  # and its sequence was released
+    for sink in others:
+        assert sink.closed is True
+        assert sink.tokens == 30
+    assert harness.backend.running == []

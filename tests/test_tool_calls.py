@@ -73,6 +73,43 @@ def test_hermes_turns_a_malformed_block_into_an_error_not_an_exception(
     assert parsed.content == text
 
 
+HUGE_NUMBER = "1" * 5000  # past Python's 4,300 digits for an int read from text
+ENDLESS = "[" * 100_000 + "]" * 100_000
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        f'<tool_call>{{"name": "f", "arguments": {{"n": {HUGE_NUMBER}}}}}</tool_call>',
+        f'<tool_call>{{"name": "f", "arguments": "{{\\"n\\": {HUGE_NUMBER}}}"}}</tool_call>',
+        f'<tool_call>{{"name": "f", "arguments": {{"n": {ENDLESS}}}}}</tool_call>',
+        f"<start_function_call>call:f{{n:{HUGE_NUMBER}}}<end_function_call>",
+        f'<start_function_call>call:f{{n:{{"m": {HUGE_NUMBER}}}}}<end_function_call>',
+        f"<start_function_call>call:f{{n:{ENDLESS}}}<end_function_call>",
+        f'{{"name": "f", "parameters": {{"n": {HUGE_NUMBER}}}}}',
+        f'{{"name": "f", "parameters": {ENDLESS}}}',
+        '<tool_call>{"name": "f", "arguments": {"n": NaN}}</tool_call>',  # not strict JSON
+        '{"name": "f", "parameters": {"n": Infinity}}',
+        "[f(x={1, 2})]",  # Python values JSON has no form for
+        "[f(x=b'ab')]",
+        "[f(x=1j)]",
+        "[f(x=...)]",
+        "[f(x=1e999)]",
+        "[f(x={[1]: 2})]",
+        "[f(x=" + "-" * 100_000 + "1)]",  # past Python's own parser
+        "[f(x=\0)]",
+        '<tool_call>{"name": "f", "arguments": ' + '{"a": ' * 70 + "1" + "}" * 71 + "</tool_call>",
+    ],
+    ids=lambda text: f"{text[:24]}...{len(text)}",
+)
+def test_json_no_parser_can_read_is_no_call_and_no_exception(text: str) -> None:
+    """A model writes what it likes: a number too long for Python, nesting without end."""
+    for parser in (HermesParser(), FunctionGemmaParser(), GemmaParser()):
+        parsed = parser.parse(text)
+        assert parsed.calls == ()
+        assert parsed.content == text or parsed.errors
+
+
 def test_hermes_keeps_a_bad_block_beside_a_good_one() -> None:
     text = (
         '<tool_call>{"name": "a", "arguments": {}}</tool_call>'

@@ -166,12 +166,30 @@ class DecodeScheduler:
 
     def _flush(self) -> None:
         outbox, self._outbox = self._outbox, []
+        broken: list[Sink] = []
         for channel, item in outbox:
-            if isinstance(item, _End):
-                channel.close(item.error)
-            else:
-                channel.send(item)
+            if any(channel is sink for sink in broken):
+                continue
+            try:
+                if isinstance(item, _End):
+                    channel.close(item.error)
+                else:
+                    channel.send(item)
+            except Exception as exc:  # a bug of ours in one request's events: it alone fails
+                broken.append(channel)
+                self._sending_failed(channel, exc)
         self._publish()
+
+    def _sending_failed(self, channel: Sink, error: Exception) -> None:
+        """Its request leaves the batch and its stream ends with `error`; the others go on."""
+        log.error("sending a request's events failed", model=self._name, exc_info=error)
+        request = next((r for r in self._active if r.channel is channel), None)
+        if request is not None and self._failure is None:
+            self._take_out(request)
+        try:
+            channel.close(error)
+        except Exception:
+            log.warning("closing a failed request's stream failed", exc_info=True)
 
     def abort(self, reason: str) -> None:
         """End every request, running or waiting, with UNAVAILABLE; refuse new ones.
@@ -316,9 +334,14 @@ class DecodeScheduler:
     def _retire(self, request: _Request, error: Exception | None = None) -> None:
         """Take a request out of the batch, ending its stream (with `error` if set)
         after what it already produced, and release its sequence."""
+        self._take_out(request)
+        self._outbox.append((request.channel, _End(error)))
+
+    def _take_out(self, request: _Request) -> None:
+        """Take a request out of the batch and release its sequence (after the step
+        running beside this, if any)."""
         self._active.remove(request)
         request.retired = True
-        self._outbox.append((request.channel, _End(error)))
         if self._beside_forward:
             self._unreleased.append(request)
         else:

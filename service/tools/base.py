@@ -7,7 +7,11 @@ import secrets
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from service.text.requests import ToolCall
+from service.text.requests import MAX_JSON_DEPTH, ToolCall, json_depth
+
+# What json.loads raises on text a model wrote, which can be anything: a syntax
+# error, an integer of 4,300 digits and more (ValueError), nesting without end.
+JSON_ERRORS = (ValueError, RecursionError)
 
 
 @dataclass(frozen=True)
@@ -58,10 +62,16 @@ def new_call_id() -> str:
     return f"call_{secrets.token_hex(12)}"
 
 
-def make_call(name: str, arguments: dict[str, Any]) -> ToolCall:
-    return ToolCall(
-        id=new_call_id(), name=name, arguments_json=json.dumps(arguments, ensure_ascii=False)
-    )
+def make_call(name: str, arguments: dict[str, Any], number: int) -> ToolCall | str:
+    """Call `number` of a reply, or why its arguments cannot be sent as JSON: a model
+    can write a set or bytes in Python's form, or NaN, which strict JSON lacks."""
+    if json_depth(arguments) > MAX_JSON_DEPTH:  # a request could not send them back
+        return f"tool call {number} ({name}): arguments nested deeper than {MAX_JSON_DEPTH} levels"
+    try:
+        text = json.dumps(arguments, ensure_ascii=False, allow_nan=False)
+    except (TypeError, ValueError, RecursionError) as exc:
+        return f"tool call {number} ({name}): arguments are not JSON ({exc})"
+    return ToolCall(id=new_call_id(), name=name, arguments_json=text)
 
 
 def assemble(text: str, pieces: list[tuple[int, int, ToolCall | str]]) -> ParsedCalls:

@@ -19,10 +19,18 @@ block cut off there is read to the end of the text.
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from typing import Any
 
-from service.text.requests import ToolCall
-from service.tools.base import CallShape, ParsedCalls, assemble, find_blocks, make_call
+from service.text.requests import MAX_JSON_DEPTH, ToolCall
+from service.tools.base import (
+    JSON_ERRORS,
+    CallShape,
+    ParsedCalls,
+    assemble,
+    find_blocks,
+    make_call,
+)
 
 OPEN, CLOSE = "<start_function_call>", "<end_function_call>"
 ESCAPE = "<escape>"
@@ -48,7 +56,7 @@ class FunctionGemmaParser:
             except MalformedCall as exc:
                 pieces.append((start, end, f"tool call {number}: {exc}: {body.strip()[:200]!r}"))
             else:
-                pieces.append((start, end, make_call(name, arguments)))
+                pieces.append((start, end, make_call(name, arguments, number)))
         return assemble(text, pieces)
 
 
@@ -58,6 +66,7 @@ class _Reader:
     def __init__(self, text: str) -> None:
         self.text = text
         self.position = 0
+        self.depth = 0
 
     def call(self) -> tuple[str, dict[str, Any]]:
         if not self.text.startswith("call:"):
@@ -101,6 +110,15 @@ class _Reader:
                 self.expect("]")
                 return items
 
+    def nested(self, read: Callable[[], Any]) -> Any:
+        """An object or array inside the arguments; a model may nest them without end."""
+        self.depth += 1
+        if self.depth > MAX_JSON_DEPTH:
+            raise MalformedCall(f"arguments nested deeper than {MAX_JSON_DEPTH} levels")
+        value = read()
+        self.depth -= 1
+        return value
+
     def key(self) -> str:
         self.skip_space()
         if self.text.startswith(ESCAPE, self.position):
@@ -121,10 +139,8 @@ class _Reader:
         if self.text.startswith(ESCAPE, self.position):
             return self.escaped()
         char = self.peek()
-        if char == "{":
-            return self.object()
-        if char == "[":
-            return self.array()
+        if char in ("{", "["):
+            return self.nested(self.object if char == "{" else self.array)
         if char == '"':
             return self.raw_json()
         end = self.position
@@ -133,7 +149,7 @@ class _Reader:
         raw = self.text[self.position : end].strip()
         try:
             value = json.loads(raw)
-        except json.JSONDecodeError:
+        except JSON_ERRORS:
             raise MalformedCall(f"unquoted value {raw!r} (strings need <escape>)") from None
         self.position = end
         return value
@@ -149,8 +165,8 @@ class _Reader:
     def raw_json(self) -> Any:
         try:
             value, self.position = _json.raw_decode(self.text, self.position)
-        except json.JSONDecodeError as exc:
-            raise MalformedCall(f"bad JSON value ({exc.msg})") from None
+        except JSON_ERRORS as exc:
+            raise MalformedCall(f"bad JSON value ({exc})") from None
         return value
 
     def skip_space(self) -> None:

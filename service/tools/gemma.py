@@ -27,7 +27,7 @@ import re
 from typing import Any
 
 from service.text.requests import ToolCall
-from service.tools.base import CallShape, ParsedCalls, make_call
+from service.tools.base import JSON_ERRORS, CallShape, ParsedCalls, make_call
 
 _FENCE = re.compile(r"\A```[A-Za-z_]*[ \t]*\n(?P<body>.*?)\n?```\Z", re.DOTALL)
 _LOOKS_PYTHONIC = re.compile(r"\A\[?\s*[A-Za-z_][\w.]*\s*\(")
@@ -54,7 +54,7 @@ class GemmaParser:
 def _json_call(text: str, body: str) -> ParsedCalls:
     try:
         value = json.loads(body)
-    except json.JSONDecodeError:
+    except JSON_ERRORS:
         return ParsedCalls(content=text)  # JSON-like prose, or an answer in JSON
     if not isinstance(value, dict) or "name" not in value:
         return ParsedCalls(content=text)
@@ -65,7 +65,10 @@ def _json_call(text: str, body: str) -> ParsedCalls:
             content=text,
             errors=("tool call 1: needs a string name and an object of parameters",),
         )
-    return ParsedCalls(content="", calls=(make_call(name, arguments),))
+    call = make_call(name, arguments, 1)
+    if isinstance(call, str):
+        return ParsedCalls(content=text, errors=(call,))
+    return ParsedCalls(content="", calls=(call,))
 
 
 def _pythonic_calls(text: str, body: str) -> ParsedCalls:
@@ -73,6 +76,8 @@ def _pythonic_calls(text: str, body: str) -> ParsedCalls:
         tree = ast.parse(body, mode="eval").body
     except SyntaxError as exc:
         return ParsedCalls(content=text, errors=(f"tool call: not a Python call list ({exc.msg})",))
+    except (ValueError, MemoryError, RecursionError) as exc:  # a NUL; nesting past the parser
+        return ParsedCalls(content=text, errors=(f"tool call: not a Python call list ({exc!r})",))
     nodes = tree.elts if isinstance(tree, ast.List) else [tree]
     calls: list[ToolCall] = []
     errors: list[str] = []
@@ -101,9 +106,9 @@ def _call(node: ast.expr, number: int) -> ToolCall | str:
             return f"tool call {number} ({name}): **kwargs is not supported"
         try:
             arguments[keyword.arg] = ast.literal_eval(keyword.value)
-        except ValueError:
+        except (ValueError, TypeError, MemoryError, RecursionError):  # TypeError: {[1]: 2}
             return f"tool call {number} ({name}): {keyword.arg} is not a literal value"
-    return make_call(name, arguments)
+    return make_call(name, arguments, number)
 
 
 def _dotted_name(node: ast.expr) -> str | None:

@@ -19,7 +19,14 @@ from __future__ import annotations
 import json
 
 from service.text.requests import ToolCall
-from service.tools.base import CallShape, ParsedCalls, assemble, find_blocks, make_call
+from service.tools.base import (
+    JSON_ERRORS,
+    CallShape,
+    ParsedCalls,
+    assemble,
+    find_blocks,
+    make_call,
+)
 
 OPEN, CLOSE = "<tool_call>", "</tool_call>"
 
@@ -45,7 +52,7 @@ def _call(body: str, number: int) -> ToolCall | str:
     """The call in one block's body, or why it is not one."""
     try:
         value = json.loads(body)
-    except json.JSONDecodeError as exc:
+    except JSON_ERRORS as exc:
         return f"tool call {number}: not valid JSON ({exc}): {body.strip()[:200]!r}"
     if not isinstance(value, dict):
         return f"tool call {number}: expected a JSON object, got {type(value).__name__}"
@@ -57,8 +64,8 @@ def _call(body: str, number: int) -> ToolCall | str:
     if isinstance(arguments, str):
         try:
             arguments = json.loads(arguments) if arguments.strip() else {}
-        except json.JSONDecodeError as exc:
+        except JSON_ERRORS as exc:
             return f"tool call {number} ({name}): arguments are not valid JSON ({exc})"
     if not isinstance(arguments, dict):
         return f"tool call {number} ({name}): arguments must be a JSON object"
-    return make_call(name, arguments)
+    return make_call(name, arguments, number)
