@@ -28,38 +28,43 @@ CALL_STARTS = ("[", "{", "`")
 
 
 class ToolTextGate:
-    """One streamed answer's text, and how much of it went out."""
+    """One streamed answer's text, and how much of it went out.
+
+    Only the text not yet let out is kept beside what went out, so each delta
+    costs its own length, not the answer's: an answer can be long."""
 
     def __init__(self) -> None:
-        self._text = ""
-        self._start: int | None = None  # where the sent text begins: the first non-blank
-        self._sent = 0  # the sent text ends here
+        self._pending = ""  # come but not let out (before the first non-blank: all of it)
+        self._sent: list[str] = []  # let out, from the first non-blank on
+        self._lead: int | None = None  # the blanks before the first non-blank, once known
         self._held = False  # the rest is held to the end
 
     def add(self, delta: str) -> str:
         """The text that may go out now, after `delta` came."""
-        self._text += delta
         if self._held:
             return ""
-        if self._start is None:
-            stripped = self._text.lstrip()
+        self._pending += delta
+        if self._lead is None:
+            stripped = self._pending.lstrip()
             if not stripped:
                 return ""
             if stripped.startswith(CALL_STARTS):
                 self._held = True
                 return ""
-            self._start = self._sent = len(self._text) - len(stripped)
+            self._lead = len(self._pending) - len(stripped)
+            self._pending = stripped
         end = self._safe_end()
-        piece = self._text[self._sent : end]
-        self._sent = max(self._sent, end)
+        piece, self._pending = self._pending[:end], self._pending[end:]
+        if piece:
+            self._sent.append(piece)
         return piece
 
     def remainder(self, content: str) -> str:
         """What of the parsed `content` has not gone out yet."""
-        sent = self._text[self._start : self._sent] if self._start is not None else ""
+        sent = "".join(self._sent)
         if content.startswith(sent):  # calls found: the content was stripped
             return content[len(sent) :]
-        begin = self._start or 0  # no calls: the content is the text, leading blanks too
+        begin = self._lead or 0  # no calls: the content is the text, leading blanks too
         if content[begin:].startswith(sent):
             return content[begin + len(sent) :]
         common = 0  # not expected; never send text twice
@@ -68,11 +73,12 @@ class ToolTextGate:
         return content[common:]
 
     def _safe_end(self) -> int:
-        text, end = self._text, len(self._text)
-        found = [at for marker in CALL_MARKERS if (at := text.find(marker, self._sent)) >= 0]
+        """How much of the pending text may go out: up to a call marker (after which
+        all is held), less an end that may become one and less trailing blanks."""
+        text = self._pending
+        found = [at for marker in CALL_MARKERS if (at := text.find(marker)) >= 0]
         if found:
             end, self._held = min(found), True
         else:  # an end that may become a marker waits, as one that may become a stop does
             end = releasable_length(text, CALL_MARKERS)
-        end = len(text[:end].rstrip())
-        return max(end, self._sent)
+        return len(text[:end].rstrip())
