@@ -26,6 +26,7 @@ from jinja2.sandbox import ImmutableSandboxedEnvironment
 
 from service.errors import InvalidRequest, NotSupported, excerpt
 from service.text.requests import ChatMessage, Tool
+from service.text.template_budget import RenderTimedOut, RenderTooLong, render_within
 
 
 class _TemplateRejected(Exception):
@@ -62,6 +63,11 @@ def _tojson(
 
 
 STANDARD_ROLES = frozenset({"system", "user", "assistant", "tool"})
+# A template's budget (see template_budget): rendering takes milliseconds, and a
+# template adds its own text around what the request gives it, and may repeat it.
+RENDER_SECONDS = 5.0
+RENDER_GROWTH = 4
+RENDER_SLACK_CHARS = 1 << 20
 _MAX_ROLE_CHARS = 64
 
 
@@ -141,16 +147,37 @@ def render_chat(
     except jinja2.TemplateSyntaxError as exc:
         raise NotSupported(f"the chat template of model {model!r} does not parse: {exc}") from exc
     _check_roles(template, messages, model)
+    variables = {
+        "messages": [_message(m) for m in messages],
+        # transformers passes None, not [], when there are no tools.
+        "tools": [_tool(t) for t in tools] or None,
+        "add_generation_prompt": True,
+        **special_tokens,
+    }
+    budget = RENDER_GROWTH * _given_chars(messages, tools) + RENDER_SLACK_CHARS
     try:
-        return compiled.render(
-            messages=[_message(m) for m in messages],
-            # transformers passes None, not [], when there are no tools.
-            tools=[_tool(t) for t in tools] or None,
-            add_generation_prompt=True,
-            **special_tokens,
-        )
+        return render_within(compiled, variables, RENDER_SECONDS, budget)
     except _TemplateRejected as exc:
         raise InvalidRequest(f"the chat template of model {model!r} refused: {exc}") from exc
+    except RenderTimedOut:
+        raise NotSupported(
+            f"the chat template of model {model!r} ran past {RENDER_SECONDS:g} s on this request; "
+            "configure a chat_template for it"
+        ) from None
+    except RenderTooLong:
+        raise NotSupported(
+            f"the chat template of model {model!r} wrote more than {budget} characters for "
+            "this request; configure a chat_template for it"
+        ) from None
+
+
+def _given_chars(messages: Sequence[ChatMessage], tools: Sequence[Tool]) -> int:
+    """How much text the request gives the template to place."""
+    in_messages = sum(
+        len(m.content) + sum(len(c.name) + len(c.arguments_json) for c in m.tool_calls)
+        for m in messages
+    )
+    return in_messages + sum(len(t.description) + len(t.parameters_json) for t in tools)
 
 
 def _tool(tool: Tool) -> dict[str, Any]:
