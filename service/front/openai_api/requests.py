@@ -134,7 +134,10 @@ def _message(message: object, index: int) -> pb.ChatMessage:
     if role == "developer":  # OpenAI's newer name for the system turn
         role = "system"
     turn = pb.ChatMessage(role=role, content=_content(message.get("content"), where))
-    for call_index, call in enumerate(message.get("tool_calls") or []):
+    calls = message.get("tool_calls") or []
+    if not isinstance(calls, list):
+        raise InvalidRequest(f"{where}.tool_calls must be an array of calls")
+    for call_index, call in enumerate(calls):
         turn.tool_calls.append(_call(call, f"{where}.tool_calls[{call_index}]"))
     if message.get("tool_call_id") is not None:
         turn.tool_call_id = str(message["tool_call_id"])
@@ -232,7 +235,8 @@ def _response_format(value: object, request: pb.GenerateRequest) -> None:
         request.response_format.json_schema = '{"type": "object"}'
         return
     if kind == "json_schema" and isinstance(value, dict):
-        schema = (value.get("json_schema") or {}).get("schema")
+        described = value.get("json_schema")
+        schema = described.get("schema") if isinstance(described, dict) else None
         if not isinstance(schema, dict):
             raise InvalidRequest("response_format.json_schema.schema must be a JSON Schema object")
         request.response_format.json_schema = json.dumps(schema)
