@@ -377,6 +377,15 @@ def test_an_unreadable_generation_config_leaves_the_defaults(
     backend.close()
 
 
+def test_a_generation_config_nested_without_end_refuses_the_load(
+    checkpoint: Path, tmp_path: Path
+) -> None:
+    copy = _copy_checkpoint(checkpoint, tmp_path)
+    (copy / "generation_config.json").write_text("[" * 100_000 + "]" * 100_000)
+    with pytest.raises(NotSupported, match="recursion"):  # mlx-lm's own reading of it
+        MlxLmBackend(copy, MlxLmOptions(context_size=4096))
+
+
 def test_a_qwen_like_tokenizer_adds_no_bos(backend: MlxLmBackend) -> None:
     assert not backend.adds_bos
     assert backend.tokenize(FOX, add_bos=True) == backend.tokenize(FOX, add_bos=False)

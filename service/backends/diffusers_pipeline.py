@@ -264,7 +264,7 @@ def _missing_components(path: Path) -> list[str]:
     """
     try:
         index = json.loads((path / "model_index.json").read_text(encoding="utf-8"))
-    except (OSError, ValueError):
+    except (OSError, ValueError, RecursionError):
         return []  # from_pretrained says what is wrong with it
     if not isinstance(index, dict):
         return []

@@ -349,7 +349,7 @@ def _read_generation_config(file: Path) -> dict[str, Any]:
         return {}
     try:
         stated = json.loads(file.read_text(encoding="utf-8"))
-    except (OSError, ValueError) as exc:
+    except (OSError, ValueError, RecursionError) as exc:
         # mlx-lm itself loads such a checkpoint, ignoring the file; so do we, loudly.
         _log.warning("ignoring an unreadable generation config", file=str(file), error=str(exc))
         return {}
