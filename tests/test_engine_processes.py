@@ -24,6 +24,7 @@ from service.engine.base import EngineCrashed, EngineHooks
 from service.engine.model_options import ModelOptions
 from service.engine.options import EngineOptions
 from service.engine.process import EngineProcess
+from service.engine.serve import OOM_SCORE_ADJ_ABOVE_FRONT, prefer_to_be_killed
 from service.models.embedded import EMBEDDED_MODELS
 from tests import gguf_mutations as gm
 from tests.conftest import (
@@ -89,6 +90,30 @@ def test_each_loaded_model_runs_in_an_engine_process_of_its_own(
     metrics = urllib.request.urlopen(f"http://127.0.0.1:{running.server.metrics_port}/metrics")
     text = metrics.read().decode()
     assert f'inference_engine_rss_bytes{{model="{GEMMA}"}}' in text
+
+
+def test_engines_are_the_oom_killer_s_choice_before_the_front(
+    two_models: tuple[RunningServer, pb_grpc.InferenceStub],
+) -> None:
+    _, stub = two_models
+    collect(stub.Generate(greedy(GEMMA, 2)))
+    front = int(Path("/proc/self/oom_score_adj").read_text())  # the front runs in this process
+    for pid in engine_pids(stub).values():
+        engine = int(Path(f"/proc/{pid}/oom_score_adj").read_text())
+        assert engine == min(1000, front + OOM_SCORE_ADJ_ABOVE_FRONT)
+
+
+@pytest.mark.parametrize(
+    ("inherited", "expected"), [("0\n", "500"), ("-997", "-497"), ("900", "1000")]
+)
+def test_an_engine_raises_its_inherited_oom_score(
+    tmp_path: Path, inherited: str, expected: str
+) -> None:
+    setting = tmp_path / "oom_score_adj"
+    setting.write_text(inherited)
+    prefer_to_be_killed(str(setting))
+    assert setting.read_text().strip() == expected
+    prefer_to_be_killed(str(tmp_path / "absent"))  # not Linux: nothing happens
 
 
 def test_a_killed_engine_costs_only_its_own_model_requests(

@@ -41,6 +41,10 @@ from service.request_id import bound_request_id
 log = structlog.get_logger("engine")
 
 PR_SET_PDEATHSIG = 1
+# How much likelier than the front an engine is to be the OOM killer's choice:
+# an engine's death costs its model's requests in flight (the next request starts
+# a fresh one); the front's costs every connection.
+OOM_SCORE_ADJ_ABOVE_FRONT = 500
 # How often an engine tells the front it lives (service.engine.liveness).
 HEARTBEAT_SECONDS = 1.0
 
@@ -52,6 +56,17 @@ def die_with_parent(parent: int) -> None:
         libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
     if os.getppid() != parent:  # it died before the line above took effect
         os._exit(0)
+
+
+def prefer_to_be_killed(path: str = "/proc/self/oom_score_adj") -> None:
+    """Rank this process above the front (whose setting it inherited) for the OOM
+    killer, so memory running out (a model larger than thought, a chat template
+    doubling a string) takes an engine, not the server. Raising one's own score
+    needs no privilege; elsewhere than Linux there is nothing to do."""
+    with contextlib.suppress(OSError, ValueError), open(path, "r+") as setting:
+        inherited = int(setting.read())
+        setting.seek(0)
+        setting.write(str(min(1000, inherited + OOM_SCORE_ADJ_ABOVE_FRONT)))
 
 
 class Outgoing:
@@ -263,6 +278,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--parent", type=int, required=True, help="the front's pid")
     args = parser.parse_args(argv)
     die_with_parent(args.parent)
+    prefer_to_be_killed()
     # Ctrl-C reaches the front's whole process group, and a service manager's stop
     # may signal its whole cgroup: the front drains, then tells us when to stop.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
