@@ -371,6 +371,8 @@ HOSTILE_BODIES = {
     "a number too long to read": '{"messages": [], "max_tokens": ' + HUGE_NUMBER + "}",
     "a number past any float": '{"messages": [{"role": "user", "content": "hi"}], '
     '"temperature": 1' + "0" * 400 + "}",
+    "stream as a string, which is truthy": '{"messages": [{"role": "user", "content": "hi"}], '
+    '"stream": "false"}',
     "tool calls that are not a list": '{"messages": [{"role": "assistant", "tool_calls": 5}]}',
     "a json_schema that is not an object": '{"messages": [{"role": "user", "content": "hi"}], '
     '"response_format": {"type": "json_schema", "json_schema": "person"}}',

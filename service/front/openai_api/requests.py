@@ -48,6 +48,7 @@ def chat_request(body: Body) -> pb.GenerateRequest:
     """POST /v1/chat/completions."""
     _refuse_unknown(body, _CHAT_FIELDS)
     _one_choice(body)
+    _check_flags(body, "stream", "logprobs", "parallel_tool_calls")
     request = pb.GenerateRequest(model=_text(body, "model", default=""))
     messages = body.get("messages")
     if not isinstance(messages, list) or not messages:
@@ -71,6 +72,7 @@ def completion_request(body: Body) -> pb.GenerateRequest:
     """POST /v1/completions: a prompt of plain text."""
     _refuse_unknown(body, _COMPLETION_FIELDS)
     _one_choice(body)
+    _check_flags(body, "stream")
     prompt = body.get("prompt")
     if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str):
         prompt = prompt[0]
@@ -86,6 +88,16 @@ def completion_request(body: Body) -> pb.GenerateRequest:
         request.logprobs = True
         request.top_logprobs = _int(body, "logprobs", 0, 5)
     return request
+
+
+def _check_flags(body: Body, *names: str) -> None:
+    """Booleans must be booleans: `"stream": "false"` is a string, and truthy."""
+    for name in names:
+        if body.get(name) is not None and not isinstance(body[name], bool):
+            raise InvalidRequest(f"`{name}` must be true or false")
+    options = body.get("stream_options")
+    if options is not None and not isinstance(options, dict):
+        raise InvalidRequest('`stream_options` must be an object such as {"include_usage": true}')
 
 
 def wants_usage_in_stream(body: Body) -> bool:
