@@ -347,6 +347,24 @@ def test_text_completions_and_the_model_list(client: openai.OpenAI) -> None:
     assert completion.usage.completion_tokens <= 5
     names = {model.id for model in client.models.list()}
     assert {SMOLLM, "hermes"} <= names
+    assert client.models.retrieve("hermes").id == "hermes"
+    with pytest.raises(openai.NotFoundError, match="GET /v1/models lists them"):
+        client.models.retrieve("org/no-such-model")
+
+
+def test_health_answers_probes_without_a_token_and_unserved_paths_are_json() -> None:
+    settings = make_settings(http_listen="127.0.0.1:0", auth_token="secret")
+    with serving(settings) as (running, _):
+        root = base_url(running).removesuffix("/v1")
+        health = httpx.get(root + "/health")
+        assert (health.status_code, health.json()) == (200, {"status": "ok"})
+        unknown = httpx.post(root + "/v1/embeddings", json={})
+        assert unknown.status_code == 404
+        assert "does not serve POST '/v1/embeddings'" in unknown.json()["error"]["message"]
+        wrong_method = httpx.get(root + "/v1/chat/completions")
+        assert wrong_method.status_code == 405
+        assert wrong_method.headers["Allow"] == "POST"
+        assert "takes POST" in wrong_method.json()["error"]["message"]
 
 
 def test_errors_are_the_sdk_s_own_exceptions(client: openai.OpenAI) -> None:
@@ -489,6 +507,8 @@ def test_draining_refuses_new_requests_and_lets_a_running_stream_finish() -> Non
         refused = http.post(url, json={**body, "stream": False})
         assert refused.status_code == 503
         assert "draining" in refused.json()["error"]["message"]
+        health = http.get(url.removesuffix("/v1/chat/completions") + "/health")
+        assert (health.status_code, health.json()) == (503, {"status": "unavailable"})
         rest = list(lines)  # the stream in flight runs to its end
     assert rest[-2:] == ["data: [DONE]", ""] or rest[-1] == "data: [DONE]"
     stopping.result(timeout=60)

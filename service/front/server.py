@@ -172,6 +172,7 @@ class InferenceServer:
                 auth=servicer.auth,
                 metrics=self.metrics,
                 max_body_bytes=int(settings.max_receive_message_bytes),
+                serving=self.health.serving,
             )
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self._server)
         reflection.enable_server_reflection(SERVICE_NAMES, self._server)

@@ -30,6 +30,10 @@ class BoundedHealthServicer(health.aio.HealthServicer):  # type: ignore[name-def
     def watching(self) -> int:
         return sum(self._watching.values())
 
+    def serving(self, service: str = "") -> bool:
+        """Whether `service` ("": the server as a whole) is SERVING, as Check would say."""
+        return bool(self._server_status.get(service) == health_pb2.HealthCheckResponse.SERVING)
+
     async def Watch(self, request: health_pb2.HealthCheckRequest, context: Any) -> None:
         if len(request.service) > MAX_SERVICE_NAME:
             await context.abort(

@@ -1,6 +1,7 @@
 """OpenAI-compatible HTTP, served beside the gRPC port by the same process.
 
     POST /v1/chat/completions   POST /v1/completions   GET /v1/models
+    GET /v1/models/{model}      GET /health
 
 Each request becomes the contract's GenerateRequest (service.front.openai_api.requests)
 and runs through the servicer's own Generate, below its gRPC wrapper: the same
@@ -8,8 +9,10 @@ validation, overload gate, model pool, pulls and generation metrics. This module
 does for HTTP what `service.front.rpc` does for gRPC: the request id (`x-request-id`,
 taken or made, sent back as a header and bound into the log lines), the bearer
 token, one summary log line and the RPC metrics per request, and errors as
-OpenAI's JSON error with the matching HTTP status. A client that disconnects
-cancels its handler (aiohttp's handler cancellation), and with it the generation.
+OpenAI's JSON error with the matching HTTP status, also for a path or method it
+does not serve. A client that disconnects cancels its handler (aiohttp's handler
+cancellation), and with it the generation. `/health` answers HTTP-only probes
+and load balancers without a token, as grpc.health.v1 does on the gRPC port.
 """
 
 from __future__ import annotations
@@ -28,7 +31,7 @@ import structlog
 from aiohttp import web
 
 from inference.v1 import inference_pb2 as pb
-from service.errors import InvalidRequest, ServiceError, Unavailable
+from service.errors import InvalidRequest, ModelNotFound, ServiceError, Unavailable, excerpt
 from service.front.openai_api.errors import described, error_body, http_status
 from service.front.openai_api.requests import (
     Body,
@@ -51,6 +54,7 @@ Summary = dict[str, Any]
 GenerateEvents = Callable[[pb.GenerateRequest, Summary], AsyncIterator[pb.GenerateResponse]]
 ListModels = Callable[[pb.ListModelsRequest, Summary], Awaitable[pb.ListModelsResponse]]
 Work = Callable[["_Outcome"], Awaitable[web.StreamResponse]]
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 
 def below_grpc(servicer: Any) -> tuple[GenerateEvents, ListModels]:
@@ -71,17 +75,24 @@ class OpenAiHttp:
         auth: BearerAuth | None,
         metrics: Metrics | None,
         max_body_bytes: int,
+        serving: Callable[[], bool] = lambda: True,
     ) -> None:
         self._generate = generate
         self._list_models = list_models
         self._auth = auth
         self._metrics = metrics
-        self._app = web.Application(client_max_size=max_body_bytes)
+        self._serving = serving
+        self._app = web.Application(
+            client_max_size=max_body_bytes, middlewares=[_unserved_as_openai_errors]
+        )
         self._app.add_routes(
             [
                 web.post("/v1/chat/completions", functools.partial(self._complete, chat=True)),
                 web.post("/v1/completions", functools.partial(self._complete, chat=False)),
                 web.get("/v1/models", self._models),
+                # Hub ids hold a slash: org/name.
+                web.get("/v1/models/{model:.+}", self._model),
+                web.get("/health", self._health),
             ]
         )
         self._runner: web.AppRunner | None = None
@@ -147,13 +158,32 @@ class OpenAiHttp:
     async def _models(self, request: web.Request) -> web.StreamResponse:
         async def work(outcome: _Outcome) -> web.StreamResponse:
             listed = await self._list_models(pb.ListModelsRequest(), outcome.summary)
-            models = [
-                {"id": m.name, "object": "model", "created": 0, "owned_by": m.backend or "local"}
-                for m in listed.models
-            ]
+            models = [_model_object(m) for m in listed.models]
             return outcome.json({"object": "list", "data": models})
 
         return await _Outcome("Models", request, self._auth, self._metrics).answer(work)
+
+    async def _model(self, request: web.Request) -> web.StreamResponse:
+        """One model, as the SDK's `models.retrieve` asks for it."""
+        name = request.match_info["model"]
+
+        async def work(outcome: _Outcome) -> web.StreamResponse:
+            listed = await self._list_models(pb.ListModelsRequest(), outcome.summary)
+            for model in listed.models:
+                if model.name == name:
+                    return outcome.json(_model_object(model))
+            raise ModelNotFound(
+                f"no model {excerpt(name)} is served here; GET /v1/models lists them"
+            )
+
+        return await _Outcome("Models", request, self._auth, self._metrics).answer(work)
+
+    async def _health(self, request: web.Request) -> web.StreamResponse:
+        """200 while the server serves (its default model loaded, not draining), else 503:
+        the status grpc.health.v1 gives the server as a whole."""
+        if self._serving() and not self._draining:
+            return web.json_response({"status": "ok"})
+        return web.json_response({"status": "unavailable"}, status=503)
 
     def _counted(self, work: Work) -> Work:
         """`work`, refused while draining and counted while it runs."""
@@ -273,6 +303,24 @@ class _Outcome:
             duration_ms=round(seconds * 1000, 1),
             **self.summary,
         )
+
+
+def _model_object(model: pb.ModelInfo) -> dict[str, Any]:
+    return {"id": model.name, "object": "model", "created": 0, "owned_by": model.backend or "local"}
+
+
+@web.middleware
+async def _unserved_as_openai_errors(request: web.Request, handler: Handler) -> web.StreamResponse:
+    """A path or method not served, in OpenAI's error shape (a client parses that)."""
+    try:
+        return await handler(request)
+    except (web.HTTPNotFound, web.HTTPMethodNotAllowed) as exc:
+        code = grpc.StatusCode.NOT_FOUND
+        message = f"this server does not serve {request.method} {excerpt(request.path)}"
+        if isinstance(exc, web.HTTPMethodNotAllowed):
+            message += f"; {request.path} takes {', '.join(sorted(exc.allowed_methods))}"
+        allowed = {"Allow": exc.headers["Allow"]} if "Allow" in exc.headers else None
+        return web.json_response(error_body(message, code), status=exc.status, headers=allowed)
 
 
 async def _send_event(stream: web.StreamResponse, chunk: dict[str, Any]) -> None:
