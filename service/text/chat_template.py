@@ -66,7 +66,7 @@ STANDARD_ROLES = frozenset({"system", "user", "assistant", "tool"})
 # A template's budget (see template_budget): rendering takes milliseconds, and a
 # template adds its own text around what the request gives it, and may repeat it.
 RENDER_SECONDS = 5.0
-RENDER_GROWTH = 4
+RENDER_GROWTH = 8  # tool schemas written with tojson(indent=4) grow several times
 RENDER_SLACK_CHARS = 1 << 20
 _MAX_ROLE_CHARS = 64
 
