@@ -367,12 +367,64 @@ def test_health_answers_probes_without_a_token_and_unserved_paths_are_json() -> 
         assert "takes POST" in wrong_method.json()["error"]["message"]
 
 
+STORY: Any = [{"role": "user", "content": "Tell me a long story about a dragon."}]
+
+
+def test_n_choices_each_draw_with_a_seed_of_their_own(client: openai.OpenAI) -> None:
+    answer = chat(
+        client, model=SMOLLM, messages=STORY, n=3, seed=11, temperature=1.0, max_tokens=16
+    )
+    assert [choice.index for choice in answer.choices] == [0, 1, 2]
+    texts = [choice.message.content for choice in answer.choices]
+    assert all(texts)
+    assert len(set(texts)) > 1  # seeds 11, 12 and 13: not one draw three times
+
+
+def test_n_choices_count_the_prompt_once_and_every_completion(client: openai.OpenAI) -> None:
+    one = chat(client, model=SMOLLM, messages=STORY, temperature=0, max_tokens=8)
+    three = chat(client, model=SMOLLM, messages=STORY, n=3, temperature=0, max_tokens=8)
+    assert one.choices[0].finish_reason == "length"  # a story does not end in 8 tokens
+    assert three.usage.prompt_tokens == one.usage.prompt_tokens
+    assert three.usage.completion_tokens == 3 * 8
+
+
+def test_n_choices_stream_interleaved_each_to_its_end(client: openai.OpenAI) -> None:
+    stream = chat(
+        client, model=SMOLLM, messages=STORY, n=2, max_tokens=8, temperature=0, stream=True,
+        stream_options={"include_usage": True},
+    )  # fmt: skip
+    text = {0: "", 1: ""}
+    finishes: dict[int, str] = {}
+    usage = None
+    for chunk in stream:
+        usage = chunk.usage or usage
+        for choice in chunk.choices:
+            text[choice.index] += choice.delta.content or ""
+            if choice.finish_reason:
+                finishes[choice.index] = choice.finish_reason
+    assert finishes == {0: "length", 1: "length"}
+    assert all(text.values())
+    assert usage is not None
+    assert usage.completion_tokens == 2 * 8
+
+
+def test_a_choice_the_gate_refuses_ends_the_request_and_frees_the_others() -> None:
+    settings = make_settings(http_listen="127.0.0.1:0", max_concurrent=1, max_queue=0)
+    with serving(settings) as (running, _):
+        alone = openai.OpenAI(base_url=base_url(running), api_key="none", max_retries=0)
+        with pytest.raises(openai.RateLimitError):
+            chat(alone, model=SMOLLM, messages=STORY, n=2, max_tokens=64)
+        # The choice that had the slot was cancelled with the request: the slot is free.
+        answer = chat(alone, model=SMOLLM, messages=STORY, max_tokens=4)
+        assert answer.usage.completion_tokens == 4
+
+
 def test_errors_are_the_sdk_s_own_exceptions(client: openai.OpenAI) -> None:
     with pytest.raises(openai.NotFoundError) as missing:
         chat(client, model="no-such-model", messages=QUESTION)
     assert "no-such-model" in str(missing.value)
-    with pytest.raises(openai.BadRequestError, match="n: 1"):
-        chat(client, model=SMOLLM, messages=QUESTION, n=2)
+    with pytest.raises(openai.BadRequestError, match="`n` must be an integer from 1 to 16"):
+        chat(client, model=SMOLLM, messages=QUESTION, n=17)
     with pytest.raises(openai.BadRequestError, match="temperature"):
         chat(client, model=SMOLLM, messages=QUESTION, temperature=-3)
     with pytest.raises(openai.BadRequestError, match="messages"):

@@ -37,11 +37,13 @@ from service.front.openai_api.requests import (
     Body,
     Translate,
     chat_request,
+    choice_count,
     completion_request,
+    nth_choice,
     parse_body,
     wants_usage_in_stream,
 )
-from service.front.openai_api.responses import Reply
+from service.front.openai_api.responses import Reply, usage_chunk_of, whole_of
 from service.request_id import METADATA_KEY, request_id_from
 
 if TYPE_CHECKING:
@@ -54,6 +56,7 @@ Summary = dict[str, Any]
 GenerateEvents = Callable[[pb.GenerateRequest, Summary], AsyncIterator[pb.GenerateResponse]]
 ListModels = Callable[[pb.ListModelsRequest, Summary], Awaitable[pb.ListModelsResponse]]
 Work = Callable[["_Outcome"], Awaitable[web.StreamResponse]]
+Events = AsyncIterator[pb.GenerateResponse]
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 
@@ -142,15 +145,24 @@ class OpenAiHttp:
         async def work(outcome: _Outcome) -> web.StreamResponse:
             body = await _json_body(request)
             generation = translate(body)
-            reply = Reply(
-                chat=chat, request_id=outcome.request_id, hold_text=bool(generation.tools)
-            )
-            events = self._generate(generation, outcome.summary)
-            if body.get("stream"):
-                return await outcome.stream(reply, events, wants_usage_in_stream(body))
-            async for event in events:
-                reply.take(event)
-            return outcome.json(reply.whole())
+            count = choice_count(body)
+            replies = [
+                Reply(chat, outcome.request_id, index, hold_text=bool(generation.tools))
+                for index in range(count)
+            ]
+            # Choice 0 writes the request's summary line; the others count in it below.
+            summaries = [outcome.summary] + [{} for _ in range(count - 1)]
+            choices = [
+                self._generate(nth_choice(generation, index), summaries[index])
+                for index in range(count)
+            ]
+            try:
+                if body.get("stream"):
+                    return await outcome.stream(replies, choices, wants_usage_in_stream(body))
+                await _each_event(choices, lambda index, event: _take(replies[index], event))
+                return outcome.json(whole_of(replies))
+            finally:
+                _summarize_choices(summaries)
 
         name = "ChatCompletions" if chat else "Completions"
         return await _Outcome(name, request, self._auth, self._metrics).answer(self._counted(work))
@@ -264,16 +276,22 @@ class _Outcome:
         return web.json_response(body, headers={METADATA_KEY: self.request_id})
 
     async def stream(
-        self, reply: Reply, events: AsyncIterator[pb.GenerateResponse], with_usage: bool
+        self, replies: list[Reply], choices: list[Events], with_usage: bool
     ) -> web.StreamResponse:
-        """Server-sent events: one `data:` line per chunk, then `data: [DONE]`. The
-        response begins with the first chunk, so a refusal before it is a plain error."""
-        async for event in events:
-            for chunk in reply.chunks(event):
-                await _send_event(await self._begun(), chunk)
+        """Server-sent events: one `data:` line per chunk (the choices' chunks as they
+        come), then `data: [DONE]`. The response begins with the first chunk, so a
+        refusal before it is a plain error."""
+        writing = asyncio.Lock()
+
+        async def send(index: int, event: pb.GenerateResponse) -> None:
+            for chunk in replies[index].chunks(event):
+                async with writing:
+                    await _send_event(await self._begun(), chunk)
+
+        await _each_event(choices, send)
         stream = await self._begun()
         if with_usage:
-            await _send_event(stream, reply.usage_chunk())
+            await _send_event(stream, usage_chunk_of(replies))
         await stream.write(b"data: [DONE]\n\n")
         await stream.write_eof()
         return stream
@@ -303,6 +321,41 @@ class _Outcome:
             duration_ms=round(seconds * 1000, 1),
             **self.summary,
         )
+
+
+async def _each_event(
+    choices: list[Events], handle: Callable[[int, pb.GenerateResponse], Awaitable[None]]
+) -> None:
+    """`handle` each event of each choice's generation, the choices running at once.
+    One failing ends the others, and its error is the request's."""
+    if len(choices) == 1:  # the usual request: no task of its own
+        async for event in choices[0]:
+            await handle(0, event)
+        return
+
+    async def follow(index: int, events: Events) -> None:
+        async for event in events:
+            await handle(index, event)
+
+    try:
+        async with asyncio.TaskGroup() as group:
+            for index, events in enumerate(choices):
+                group.create_task(follow(index, events))
+    except ExceptionGroup as failed:
+        raise failed.exceptions[0] from None
+
+
+async def _take(reply: Reply, event: pb.GenerateResponse) -> None:
+    reply.take(event)
+
+
+def _summarize_choices(summaries: list[Summary]) -> None:
+    """With `n` above 1, the summary line counts every choice's tokens."""
+    first, rest = summaries[0], summaries[1:]
+    if rest:
+        first["choices"] = len(summaries)
+        tokens = [summary.get("completion_tokens", 0) for summary in summaries]
+        first["completion_tokens"] = sum(tokens)
 
 
 def _model_object(model: pb.ModelInfo) -> dict[str, Any]:

@@ -22,6 +22,8 @@ IGNORED = frozenset(
     {"user", "store", "metadata", "parallel_tool_calls", "service_tier", "stream_options", "stream"}
 )
 _UINT32 = (1 << 32) - 1
+# `n`: each choice is a generation of its own, batched with the others.
+MAX_CHOICES = 16
 # A tool's JSON schema sits a few levels inside the body and has a bound of its
 # own (MAX_JSON_DEPTH); nothing else a request holds nests near this.
 MAX_BODY_DEPTH = MAX_JSON_DEPTH + 8
@@ -256,9 +258,26 @@ def _response_format(value: object, request: pb.GenerateRequest) -> None:
     raise InvalidRequest('`response_format.type` must be "text", "json_object" or "json_schema"')
 
 
+def choice_count(body: Body) -> int:
+    """`n`: how many completions of the prompt to generate (1 when unset)."""
+    if body.get("n") is None:
+        return 1
+    return _int(body, "n", 1, MAX_CHOICES)
+
+
+def nth_choice(request: pb.GenerateRequest, index: int) -> pb.GenerateRequest:
+    """The request for choice `index`: a set seed moves on by the index, so the
+    choices differ from one another and each repeats."""
+    if index == 0 or not request.HasField("seed"):
+        return request
+    choice = pb.GenerateRequest()
+    choice.CopyFrom(request)
+    choice.seed = (request.seed + index) % (_UINT32 + 1)
+    return choice
+
+
 def _one_choice(body: Body) -> None:
-    if body.get("n", 1) != 1:
-        raise NotSupported("only `n: 1` is served: send one request per completion you want")
+    choice_count(body)
     if body.get("best_of", 1) != 1:
         raise NotSupported("only `best_of: 1` is served")
 

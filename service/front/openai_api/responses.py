@@ -2,7 +2,8 @@
 
 `Reply` follows one generation's events and writes either the chunks of a
 streamed answer (`chunks`) or, at the end, the whole answer (`whole`), for
-chat completions or text completions alike.
+chat completions or text completions alike. With `n` above 1 each choice has a
+Reply of its own (its `index`), and `whole_of`/`usage_of` join them.
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ class Reply:
 
     chat: bool
     request_id: str
+    index: int = 0  # which of the request's `n` choices
     # With tools, streamed text goes out only where it cannot belong to a call block
     # (which only the finished parse takes out): see tool_text.
     hold_text: bool = False
@@ -75,13 +77,14 @@ class Reply:
         elif kind == "finished":
             self.finished = response.finished
 
-    def usage_chunk(self) -> Json:
-        return {**self._envelope(), "choices": [], "usage": self.usage()}
-
     def whole(self) -> Json:
+        return {**self._envelope(), "choices": [self.choice()], "usage": self.usage()}
+
+    def choice(self) -> Json:
+        """This choice of a whole answer."""
         finished = self._finished()
         choice: Json = {
-            "index": 0,
+            "index": self.index,
             "finish_reason": FINISH_REASONS.get(finished.finish_reason, "stop"),
         }
         choice["logprobs"] = self._logprobs(self.logprobs) if self.logprobs else None
@@ -89,7 +92,7 @@ class Reply:
             choice["message"] = {"role": "assistant", **self._message_parts(finished)}
         else:
             choice["text"] = "".join(self.text)
-        return {**self._envelope(), "choices": [choice], "usage": self.usage()}
+        return choice
 
     def usage(self) -> Json:
         usage = self._finished().usage
@@ -138,7 +141,7 @@ class Reply:
         logprobs: Any = (),
         finish_reason: str | None = None,
     ) -> Json:
-        choice: Json = {"index": 0, "finish_reason": finish_reason}
+        choice: Json = {"index": self.index, "finish_reason": finish_reason}
         if self.chat:
             choice["delta"] = delta
         else:
@@ -167,6 +170,26 @@ class Reply:
         if self.finished is None:
             raise RuntimeError("the generation ended without its finished event")
         return self.finished
+
+
+def whole_of(replies: list[Reply]) -> Json:
+    """The whole answer of several choices of one request."""
+    first = replies[0]
+    choices = [reply.choice() for reply in replies]
+    return {**first._envelope(), "choices": choices, "usage": usage_of(replies)}
+
+
+def usage_chunk_of(replies: list[Reply]) -> Json:
+    return {**replies[0]._envelope(chunk=True), "choices": [], "usage": usage_of(replies)}
+
+
+def usage_of(replies: list[Reply]) -> Json:
+    """As OpenAI counts `n` choices: the prompt once, every choice's completion."""
+    usage = replies[0].usage()
+    completion = sum(reply.usage()["completion_tokens"] for reply in replies)
+    usage["completion_tokens"] = completion
+    usage["total_tokens"] = usage["prompt_tokens"] + completion
+    return usage
 
 
 def _chat_logprob(entry: pb.TokenLogprob) -> Json:
