@@ -237,3 +237,9 @@ def test_a_body_that_is_not_json_reaches_a_replica_and_is_refused_there(
     assert refused.value.headers[REPLICA_HEADER] in cluster.http_addresses.values()
     with refused.value as answer:
         assert "not JSON" in json.loads(answer.read())["error"]["message"]
+
+
+def test_health_through_envoy_answers_from_a_replica(cluster: ClusterProcess) -> None:
+    with urllib.request.urlopen(f"http://{cluster.http_listen}/health", timeout=30) as answer:
+        assert json.loads(answer.read()) == {"status": "ok"}
+        assert answer.headers[REPLICA_HEADER] in cluster.http_addresses.values()
