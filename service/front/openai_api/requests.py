@@ -17,7 +17,8 @@ from service.text.requests import MAX_JSON_DEPTH, json_depth
 
 Body = dict[str, Any]
 
-# Fields a client may send that change nothing here: accepted and ignored.
+# Fields the translation does not map: read elsewhere (`stream`, `stream_options`;
+# `parallel_tool_calls` only with a forced call) or accepted and ignored.
 IGNORED = frozenset(
     {"user", "store", "metadata", "parallel_tool_calls", "service_tier", "stream_options", "stream"}
 )
@@ -31,25 +32,24 @@ MAX_BODY_DEPTH = MAX_JSON_DEPTH + 8
 
 def parse_body(raw: bytes) -> Body:
     """A request body as a JSON object, or InvalidRequest saying why it is not one."""
+    too_deep = InvalidRequest(f"the request body nests deeper than {MAX_BODY_DEPTH} levels")
     try:
         body = json.loads(raw)
     except ValueError as exc:  # also UnicodeDecodeError, and integers of 4,300+ digits
         raise InvalidRequest(f"the request body is not JSON: {exc}") from exc
     except RecursionError:
-        raise InvalidRequest(
-            f"the request body nests deeper than {MAX_BODY_DEPTH} levels"
-        ) from None
+        raise too_deep from None
     if not isinstance(body, dict):
         raise InvalidRequest("the request body must be a JSON object")
     if json_depth(body) > MAX_BODY_DEPTH:
-        raise InvalidRequest(f"the request body nests deeper than {MAX_BODY_DEPTH} levels")
+        raise too_deep
     return body
 
 
 def chat_request(body: Body) -> pb.GenerateRequest:
     """POST /v1/chat/completions."""
     _refuse_unknown(body, _CHAT_FIELDS)
-    _one_choice(body)
+    _check_choices(body)
     _check_flags(body, "stream", "logprobs", "parallel_tool_calls")
     request = pb.GenerateRequest(model=_text(body, "model", default=""))
     messages = body.get("messages")
@@ -73,7 +73,7 @@ def chat_request(body: Body) -> pb.GenerateRequest:
 def completion_request(body: Body) -> pb.GenerateRequest:
     """POST /v1/completions: a prompt of plain text."""
     _refuse_unknown(body, _COMPLETION_FIELDS)
-    _one_choice(body)
+    _check_choices(body)
     _check_flags(body, "stream")
     prompt = body.get("prompt")
     if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str):
@@ -276,7 +276,7 @@ def nth_choice(request: pb.GenerateRequest, index: int) -> pb.GenerateRequest:
     return choice
 
 
-def _one_choice(body: Body) -> None:
+def _check_choices(body: Body) -> None:
     choice_count(body)
     if body.get("best_of", 1) != 1:
         raise NotSupported("only `best_of: 1` is served")
