@@ -14,6 +14,7 @@ section holds it.
 from __future__ import annotations
 
 import argparse
+import ipaddress
 import os
 import tomllib
 from collections.abc import Sequence
@@ -233,6 +234,13 @@ class PoolSettings(BaseModel):
         gt=0,
         description="Seconds an Admit or Pull waits for the hub's metadata before "
         "UNAVAILABLE (hub calls run on threads of their own, never the ones loads use).",
+    )
+    hf_redirect_networks: str = Field(
+        default="",
+        description="Networks (comma-separated CIDRs, e.g. 10.0.0.0/8) the hub's redirects "
+        "may lead into besides public addresses and the hub's own: for a mirror whose files "
+        "are served from a private host. Loopback, link-local and private addresses are "
+        "refused otherwise.",
     )
     hf_token: SecretStr | None = Field(
         default_factory=lambda: _hub_token(),
@@ -525,6 +533,14 @@ class Settings(
             from_file = read_models_file(self.models_file)
             self.models = {**from_file, **self.models}
         return self
+
+    @field_validator("hf_redirect_networks")
+    @classmethod
+    def _check_networks(cls, value: str) -> str:
+        for part in value.split(","):  # ValueError names a part that is not a network
+            if part.strip():
+                ipaddress.ip_network(part.strip(), strict=False)
+        return value
 
     @field_validator("listen", "health_listen", "http_listen")
     @classmethod

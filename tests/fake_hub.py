@@ -31,6 +31,7 @@ import socket
 import threading
 import time
 from collections import Counter
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from http import HTTPStatus
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -40,8 +41,8 @@ from urllib.parse import parse_qs, unquote, urlsplit
 
 # Files at least this large are served the way the hub serves LFS files.
 LFS_FROM = 1024
-# A throttled body goes out in slices this large.
-_SLICE = 1 << 20
+# Bodies go out in slices this large (a client that stops reading stops them).
+_SLICE = 256 << 10
 
 
 @dataclass
@@ -60,12 +61,36 @@ class Hostile:
     script: list[str] = field(default_factory=list)
     # Every request for a file (resolve) answers this status, e.g. a bare 403.
     status: int | None = None
+    # Ranged requests are answered 200 with the whole file, from byte 0.
+    ignore_range: bool = False
+    # The listing (model info) carries this many bytes more, in a field nobody reads.
+    listing_padding: int = 0
+    # Answers a redirect for every file, to this Location (taken as it is).
+    redirect_to: str | None = None
+
+
+@dataclass(frozen=True)
+class OnDisk:
+    """A file served from disk by ranges, never read whole: a sparse file of gigabytes
+    costs the hub nothing. Its hashes are made up (the listing's are not checked
+    until a pull, and nothing pulls these)."""
+
+    path: Path
+
+    @property
+    def size(self) -> int:
+        return self.path.stat().st_size
+
+    def read(self, start: int, end: int) -> bytes:
+        with self.path.open("rb") as file:
+            file.seek(start)
+            return file.read(end - start)
 
 
 @dataclass
 class FakeRepo:
-    # Contents, or a file to read them from (read once, here).
-    files: dict[str, bytes | Path]
+    # Contents, or a file to read them from (read once, here), or one served from disk.
+    files: Mapping[str, bytes | Path | OnDisk]
     # With a token, the repo is gated: requests without `Bearer {token}` get 401.
     token: str | None = None
     commit: str = ""  # the files' own hash unless given
@@ -83,6 +108,10 @@ class FakeRepo:
         for path, data in self.data.items():
             self.sha256[path] = hashlib.sha256(data).hexdigest()
             self.oid[path] = _git_oid(data)
+        for path, kept in self.files.items():
+            if isinstance(kept, OnDisk):
+                made_up = hashlib.sha256(path.encode()).hexdigest()
+                self.sha256[path], self.oid[path] = made_up, made_up[:40]
         if not self.commit:
             oids = "".join(f"{path}:{self.oid[path]}" for path in sorted(self.files))
             self.commit = hashlib.sha1(oids.encode()).hexdigest()
@@ -100,8 +129,19 @@ class FakeRepo:
                 return version
         return None
 
+    def size(self, path: str) -> int:
+        data = self.files[path]
+        return data.size if isinstance(data, OnDisk) else len(self.data[path])
+
+    def read(self, path: str, start: int, end: int) -> bytes:
+        """Bytes [start, end) of what the hub serves as the file."""
+        data = self.files[path]
+        if isinstance(data, OnDisk):
+            return data.read(start, end)
+        return self.hostile.body.get(path, self.data[path])[start:end]
+
     def entry(self, path: str, *, blobs: bool = True) -> dict[str, Any]:
-        size = self.hostile.listed_size.get(path, len(self.data[path]))
+        size = self.hostile.listed_size.get(path, self.size(path))
         item: dict[str, Any] = {"type": "file", "path": path, "oid": self.oid[path]}
         if blobs:
             item["size"] = size
@@ -242,6 +282,7 @@ class _HubHandler(BaseHTTPRequestHandler):
                 "siblings": siblings,
             },
             method,
+            padding=repo.hostile.listing_padding,
         )
 
     def _tree(self, ask: _Ask) -> None:
@@ -273,12 +314,18 @@ class _HubHandler(BaseHTTPRequestHandler):
     def _resolve(self, ask: _Ask) -> None:
         method, repo_id, repo, groups, _ = ask
         path = groups["path"]
-        data = repo.data.get(path)
-        if data is None:
+        if path not in repo.files:
             return self._error(HTTPStatus.NOT_FOUND, "EntryNotFound", commit=repo.commit)
         if repo.hostile.status is not None:
             return self._bare(repo.hostile.status)
-        if len(data) >= LFS_FROM:
+        if repo.hostile.redirect_to is not None:
+            self.send_response(HTTPStatus.FOUND)
+            self.send_header("Location", repo.hostile.redirect_to)
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+            return None
+        size = repo.size(path)
+        if size >= LFS_FROM:
             self.send_response(HTTPStatus.FOUND)
             # Absolute and to another host name, like the hub's CDN: huggingface_hub
             # follows only relative redirects itself (renamed repos) when it asks HEAD.
@@ -288,7 +335,7 @@ class _HubHandler(BaseHTTPRequestHandler):
             )
             self.send_header("X-Repo-Commit", repo.commit)
             self.send_header("X-Linked-Etag", f'"{repo.hostile.etag or repo.sha256[path]}"')
-            self.send_header("X-Linked-Size", str(len(data)))
+            self.send_header("X-Linked-Size", str(size))
             self.send_header("ETag", f'"{repo.hostile.etag or repo.oid[path]}"')
             self.send_header("Content-Length", "0")
             self.end_headers()
@@ -300,8 +347,8 @@ class _HubHandler(BaseHTTPRequestHandler):
     def _lfs(self, ask: _Ask) -> None:
         method, repo_id, top, groups, _ = ask
         for repo in [top, *top.revisions.values()]:
-            for path, data in repo.data.items():
-                if len(data) >= LFS_FROM and repo.sha256[path] == groups["sha"]:
+            for path in repo.files:
+                if repo.size(path) >= LFS_FROM and repo.sha256[path] == groups["sha"]:
                     etag = repo.hostile.etag or groups["sha"]
                     return self._body(method, repo_id, repo, path, etag=etag, commit=None)
         return self._error(HTTPStatus.NOT_FOUND, "EntryNotFound")
@@ -309,7 +356,7 @@ class _HubHandler(BaseHTTPRequestHandler):
     def _body(
         self, method: str, repo_id: str, repo: FakeRepo, path: str, *, etag: str, commit: str | None
     ) -> None:
-        data = repo.hostile.body.get(path, repo.data[path])
+        size = len(repo.hostile.body[path]) if path in repo.hostile.body else repo.size(path)
         cut: int | None = None
         # A download (the whole body, or its rest): not a header read by a bounded range.
         downloading = re.fullmatch(r"bytes=\d+-\d+", self.headers.get("Range", "")) is None
@@ -320,51 +367,56 @@ class _HubHandler(BaseHTTPRequestHandler):
                 return self._bare(int(scripted.removeprefix("status:")))
             if scripted.startswith("cut:"):
                 cut = int(scripted.removeprefix("cut:"))
-        start, end = 0, len(data)
+        start, end = 0, size
         status = HTTPStatus.OK
         ranged = re.fullmatch(r"bytes=(\d*)-(\d*)", self.headers.get("Range", ""))
-        if ranged is not None and data:
+        if ranged is not None and size and not repo.hostile.ignore_range:
             first, last = ranged.groups()
             if first:
-                start, end = int(first), min(len(data), int(last) + 1 if last else len(data))
+                start, end = int(first), min(size, int(last) + 1 if last else size)
             else:  # a suffix: the last N bytes
-                start = max(0, len(data) - int(last))
-            if start >= len(data):
+                start = max(0, size - int(last))
+            if start >= size:
                 self.send_response(HTTPStatus.REQUESTED_RANGE_NOT_SATISFIABLE)
-                self.send_header("Content-Range", f"bytes */{len(data)}")
+                self.send_header("Content-Range", f"bytes */{size}")
                 self.send_header("Content-Length", "0")
                 self.end_headers()
                 return
             status = HTTPStatus.PARTIAL_CONTENT
-        body = data[start:end]
         self.send_response(status)
         self.send_header("Content-Type", "application/octet-stream")
-        self.send_header("Content-Length", str(len(body)))
+        self.send_header("Content-Length", str(end - start))
         self.send_header("Accept-Ranges", "bytes")
         self.send_header("ETag", f'"{etag}"')
         if commit is not None:
             self.send_header("X-Repo-Commit", commit)
         if status == HTTPStatus.PARTIAL_CONTENT:
-            self.send_header("Content-Range", f"bytes {start}-{end - 1}/{len(data)}")
+            self.send_header("Content-Range", f"bytes {start}-{end - 1}/{size}")
         self.end_headers()
         if method != "GET":
             return
-        rate = self.fake.bytes_per_second
-        step = len(body) if rate is None else _SLICE
         if cut is not None:
-            body = body[:cut]
-        for start in range(0, len(body), step):
-            piece = body[start : start + step]
-            # Counted before it is written: the client may have read it all, and the
-            # test asked, before this thread runs again.
-            self.fake.count(repo_id, path, len(piece))
-            self.wfile.write(piece)
-            if rate is not None:
-                time.sleep(len(piece) / rate)
+            end = min(end, start + cut)
+        self._send_range(repo, repo_id, path, start, end)
         if cut is not None:  # the connection drops before Content-Length bytes
             self.close_connection = True
             self.wfile.flush()
             self.connection.shutdown(socket.SHUT_RDWR)
+
+    def _send_range(self, repo: FakeRepo, repo_id: str, path: str, start: int, end: int) -> None:
+        """Bytes [start, end) of the file, a slice at a time (throttled if the hub is)."""
+        rate = self.fake.bytes_per_second
+        try:
+            for offset in range(start, end, _SLICE):
+                piece = repo.read(path, offset, min(offset + _SLICE, end))
+                # Counted before it is written: the client may have read it all, and the
+                # test asked, before this thread runs again.
+                self.fake.count(repo_id, path, len(piece))
+                self.wfile.write(piece)
+                if rate is not None:
+                    time.sleep(len(piece) / rate)
+        except (BrokenPipeError, ConnectionResetError):
+            self.close_connection = True  # the client stopped reading
 
     def _bare(self, status: int) -> None:
         """An error with no hub error code: what a proxy or a failing CDN answers."""
@@ -372,14 +424,23 @@ class _HubHandler(BaseHTTPRequestHandler):
         self.send_header("Content-Length", "0")
         self.end_headers()
 
-    def _json(self, value: object, method: str) -> None:
+    def _json(self, value: object, method: str, padding: int = 0) -> None:
         body = json.dumps(value).encode()
+        # Padding goes in a string field before the object's end, sent as it is made.
+        head, tail = (body[:-1] + b', "cardData": "', b'"}') if padding else (body, b"")
         self.send_response(HTTPStatus.OK)
         self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(body)))
+        self.send_header("Content-Length", str(len(head) + padding + len(tail)))
         self.end_headers()
-        if method != "HEAD":
-            self.wfile.write(body)
+        if method == "HEAD":
+            return
+        try:
+            self.wfile.write(head)
+            for start in range(0, padding, _SLICE):
+                self.wfile.write(b"x" * min(_SLICE, padding - start))
+            self.wfile.write(tail)
+        except (BrokenPipeError, ConnectionResetError):
+            self.close_connection = True  # the client stopped reading
 
     def _error(self, status: HTTPStatus, code: str, commit: str | None = None) -> None:
         body = json.dumps({"error": code}).encode()

@@ -17,7 +17,7 @@ import pytest
 from inference.v1 import inference_pb2 as pb
 from inference.v1 import inference_pb2_grpc as pb_grpc
 from service.admission.gguf_header import read_gguf_header
-from service.hub.remote import READ_BLOCK
+from service.hub.ranged import BLOCK, RUN_BLOCKS
 from service.models.embedded import EMBEDDED_MODELS
 from tests.conftest import SMOLLM, make_settings, serving
 from tests.fake_hub import FakeHub, FakeRepo
@@ -139,10 +139,11 @@ def test_a_gguf_repo_is_admitted_from_its_header_alone(
     assert reply.download.fits_on_disk
     assert reply.download.commit == hub.repos["acme/smol-gguf"].commit
     assert f"a download of {size} bytes (1 file)" in reply.reason
-    # The header (key values, tokenizer, tensor table) and at most one block past it.
+    # What admission reads of the header (arrays it needs not are skipped, unfetched),
+    # and at most one run of blocks past it.
     header_end = read_gguf_header(SMOLLM_FILE).data_start
     sent = hub.bytes_sent("acme/smol-gguf", SMOLLM_NAME)
-    assert header_end <= sent <= header_end + READ_BLOCK
+    assert 0 < sent <= header_end + RUN_BLOCKS * BLOCK
     assert sent < size / 10
 
 

@@ -33,9 +33,9 @@ from service.admission.gates import (
     mlx_lm_refusal,
 )
 from service.admission.hub import read_remote
+from service.hub.client import HubAccess
 from service.hub.download import Download
 from service.hub.files import SPLIT_GGUF
-from service.hub.remote import HubAccess
 from service.memory import MemoryNeed, offloaded_share
 from service.model_source import HubReference, ModelSource
 

@@ -43,6 +43,8 @@ MAX_STRING_BYTES = 16 << 20
 MAX_ARRAY_STRINGS = 1 << 22
 # Tokens in the vocabulary, each hashed to find duplicates (Gemma 3 has 262,144).
 MAX_VOCABULARY = 1 << 20
+# One token's text: each is read whole to be hashed.
+MAX_TOKEN_BYTES = 64 << 10
 MAX_ARRAY_ITEMS = 1 << 32
 # llama.cpp's own limits (GGML_MAX_NAME, GGML_MAX_DIMS).
 MAX_TENSOR_NAME_BYTES = 63
@@ -360,8 +362,12 @@ def _skip_strings(
         )
     index = 0
     while index < count:
+        if _next_length(reader) > _WINDOW_BYTES - 8:  # skipped by seeking, never read
+            _skip_string(reader, label, index, hashes)
+            index += 1
+            continue
         walked, steps = _walk_strings(reader.window(_WINDOW_BYTES), count - index, index, hashes)
-        if steps == 0:  # one string longer than the window
+        if steps == 0:  # the window ends before the next string does
             _skip_string(reader, label, index, hashes)
             index += 1
         else:
@@ -392,11 +398,22 @@ def _walk_strings(
     return position, steps
 
 
+def _next_length(reader: _Reader) -> int:
+    """The length of the string at the reader's position, read without moving past it."""
+    prefix = reader.window(8)
+    return _LENGTH.unpack(prefix)[0] if len(prefix) == 8 else 0
+
+
 def _skip_string(reader: _Reader, label: str, index: int, hashes: array[int] | None) -> None:
     length = reader.u64(f"the length of {label}[{index}]")
     if length > MAX_STRING_BYTES:
         raise GGUFFormatError(
             f"{label}[{index}] claims {length} bytes; the cap is {MAX_STRING_BYTES}"
+        )
+    if hashes is not None and length > MAX_TOKEN_BYTES:
+        raise GGUFFormatError(
+            f"{label}[{index}] is a token of {length} bytes; the cap is {MAX_TOKEN_BYTES} "
+            "(real vocabularies' longest tokens are a few hundred bytes)"
         )
     if hashes is None:
         reader.skip(length, f"{label}[{index}]")

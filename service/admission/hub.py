@@ -6,7 +6,9 @@ split one), a checkpoint's config.json, a pipeline's model_index.json and one
 safetensors header. The answer adds what a download would take (the files the
 backend needs, their bytes) and whether that fits on the disk holding the hub
 cache. Descriptions are kept per commit, so asking again costs one call for the
-file list.
+file list; a refusal is not kept (a read garbled in transit must not outlive it).
+
+What the reads may cost (bytes, time, how many at once) is service.hub.budget's.
 """
 
 from __future__ import annotations
@@ -29,6 +31,8 @@ from service.admission.describe import (
     safetensors_dtype_from,
 )
 from service.admission.gguf_header import GGUFHeader
+from service.hub.budget import HEADER_BYTES, BudgetSpent, ReadBudget, ReadSlots
+from service.hub.client import HubAccess, HubClient
 from service.hub.disk import free_bytes
 from service.hub.download import Download
 from service.hub.files import (
@@ -40,12 +44,13 @@ from service.hub.files import (
     pipeline_files,
     repo_kind,
 )
-from service.hub.remote import HubAccess, RemoteRepo
+from service.hub.remote import RemoteRepo
 from service.model_source import HubReference, SourceKind
 
-# Reads of a safetensors header fetch this much at a time (its JSON is often a few KB).
-_SAFETENSORS_BLOCK = 64 << 10
 _REMEMBERED = 64
+# A safetensors header: 8 bytes of length, then at most 16 MiB of JSON (what is read).
+_SAFETENSORS_HEADER_BYTES = 8 + (16 << 20)
+_slots = ReadSlots()
 
 
 @dataclass(frozen=True)
@@ -58,17 +63,16 @@ class RemoteModel:
 
 
 def read_remote(hub: HubReference, access: HubAccess, cache_dir: Path) -> RemoteModel:
-    """What a hub model is and what a download would take, reading no weights."""
-    repo = RemoteRepo(hub, access)
-    key = (access.endpoint, hub.repo_id, repo.commit, hub.file)
-    with _lock:
-        found = _remembered.get(key)
-    if found is None:
-        found = _read(repo, hub)
-        with _lock:
-            _remembered[key] = found
-            while len(_remembered) > _REMEMBERED:
-                _remembered.popitem(last=False)
+    """What a hub model is and what a download would take, reading no weights, within
+    the byte budget and the access's metadata deadline."""
+    budget = ReadBudget(seconds=access.metadata_seconds)
+    _slots.acquire(budget)
+    try:
+        with HubClient(access) as client:
+            repo = RemoteRepo(hub, client, budget)
+            found = _remembered_or_read(repo, hub, access.endpoint)
+    finally:
+        _slots.release()
     kind, description, problem, files = found
     download = Download(
         hub.repo_id,
@@ -84,6 +88,22 @@ def read_remote(hub: HubReference, access: HubAccess, cache_dir: Path) -> Remote
 _Read = tuple[SourceKind, ModelDescription | None, str, dict[str, int]]
 _remembered: OrderedDict[tuple[str, str, str, str | None], _Read] = OrderedDict()
 _lock = threading.Lock()
+
+
+def _remembered_or_read(repo: RemoteRepo, hub: HubReference, endpoint: str) -> _Read:
+    """A description read before for this commit, or a fresh read, kept if it succeeded."""
+    key = (endpoint, hub.repo_id, repo.commit, hub.file)
+    with _lock:
+        found = _remembered.get(key)
+    if found is not None:
+        return found
+    found = _read(repo, hub)
+    if found[1] is not None:
+        with _lock:
+            _remembered[key] = found
+            while len(_remembered) > _REMEMBERED:
+                _remembered.popitem(last=False)
+    return found
 
 
 def _read(repo: RemoteRepo, hub: HubReference) -> _Read:
@@ -104,7 +124,7 @@ def _read(repo: RemoteRepo, hub: HubReference) -> _Read:
         return kind, None, problem, {}
     try:
         description, files = _describe(repo, kind, files)
-    except UnreadableModel as exc:
+    except (UnreadableModel, BudgetSpent) as exc:
         return kind, None, str(exc), {name: sizes[name] for name in files}
     return kind, description, "", {name: sizes[name] for name in files}
 
@@ -127,7 +147,7 @@ def _describe_gguf(repo: RemoteRepo, parts: list[str]) -> ModelDescription:
     weights), joined as a local split GGUF's parts are."""
 
     def read(index: int) -> GGUFHeader:
-        with repo.open(parts[index]) as remote:
+        with repo.open(parts[index], HEADER_BYTES) as remote:
             return read_gguf_part(remote, repo.sizes[parts[index]], parts, index)
 
     return describe_gguf_parts(parts, read)
@@ -141,7 +161,7 @@ def _describe_pipeline(repo: RemoteRepo) -> tuple[ModelDescription, list[str]]:
     dtype = None
     first = next((name for name in weights if name.endswith(".safetensors")), None)
     if first is not None:
-        with repo.open(first, block=_SAFETENSORS_BLOCK) as remote:
+        with repo.open(first, _SAFETENSORS_HEADER_BYTES) as remote:
             dtype = safetensors_dtype_from(remote)
     total = sum(repo.sizes[name] for name in weights)
     return pipeline_description(index, total, dtype or "float32"), files

@@ -32,8 +32,9 @@ from service.front.overload import ConcurrencyGate
 from service.front.registration import add_inference_service
 from service.front.servicer import InferenceServicer
 from service.front.transport import http_tls, server_credentials, server_options
+from service.hub.addresses import parse_networks
+from service.hub.client import HubAccess
 from service.hub.pull import Puller
-from service.hub.remote import HubAccess
 from service.hub.work import HubWork
 from service.images.external import CommandResolver
 from service.images.requests import ImageLimits
@@ -93,7 +94,12 @@ def build_pool(settings: Settings) -> ModelPool:
 
 def _hub_access(settings: Settings) -> HubAccess:
     token = settings.hf_token.get_secret_value() if settings.hf_token else None
-    return HubAccess(settings.hf_endpoint, token)
+    return HubAccess(
+        settings.hf_endpoint,
+        token,
+        metadata_seconds=settings.hf_metadata_timeout,
+        redirect_networks=tuple(parse_networks(settings.hf_redirect_networks)),
+    )
 
 
 def _puller(settings: Settings) -> Puller | None:

@@ -4,7 +4,8 @@ huggingface_hub's own download names the file after the ETag the server
 sends, unchecked, and deletes a partial file when a transfer fails; neither
 is acceptable for a remote party we do not trust. So the bytes are fetched
 here, over the same HTTP API (`/{repo}/resolve/{commit}/{file}`, following
-the hub's redirect to its CDN without the token), into the cache's own
+the hub's redirect to its CDN without the token, by service.hub.client's
+rules), into the cache's own
 layout (service.hub.cache):
 
 - the file lands in `blobs/<hash>.incomplete`, named by the hash the repo's
@@ -30,21 +31,20 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import BinaryIO
-from urllib.parse import quote, urljoin, urlsplit
+from urllib.parse import quote
 
 import httpx2
 from filelock import FileLock, Timeout
 
 from service.errors import DataLoss, ModelNotFound, Unavailable, excerpt
 from service.hub.cache import RepoCache, hash_file, remove, verified
+from service.hub.client import HubClient, refusal_of
 from service.hub.disk import NO_ROOM, disk_full
-from service.hub.remote import HubAccess, refusal_of
 from service.hub.trust import Digest, Hasher, check_etag
 
 # Attempts at one file within one pull, and the pause before each retry.
 ATTEMPTS = 4
 _BACKOFF = (0.5, 1.0, 2.0)
-_MAX_REDIRECTS = 5
 # How often a pull waiting for another's lock on a file looks whether it is still wanted.
 _LOCK_POLL = 0.5
 _CONTENT_RANGE = re.compile(r"bytes (\d+)-(\d+)/(\d+)")
@@ -69,7 +69,7 @@ class HubFile:
 class FileFetch:
     """Fetches files of one commit of one repo into the cache."""
 
-    access: HubAccess
+    client: HubClient
     cache: RepoCache
     repo_id: str
     commit: str
@@ -154,42 +154,16 @@ class FileFetch:
     @contextmanager
     def _response(self, file: HubFile, have: int) -> Iterator[tuple[httpx2.Response, int]]:
         """The file's body from byte `have` (or from 0, if the server ignores the range)."""
-        url = (
-            f"{self.access.endpoint.rstrip('/')}/{quote(self.repo_id)}/resolve/"
-            f"{self.commit}/{quote(file.name)}"
-        )
+        url = self.client.url(f"{quote(self.repo_id)}/resolve/{self.commit}/{quote(file.name)}")
         headers = {"Range": f"bytes={have}-"} if have else {}
         try:
-            with (
-                httpx2.Client(timeout=self.access.timeout) as client,
-                self._follow(client, url, headers, file) as response,
-            ):
+            with self.client.get(
+                url, headers, on_hub_answer=lambda answer: self._check_hub_headers(file, answer)
+            ) as response:
+                self._check_status(file, response)
                 yield response, self._start_of(file, response, have)
         except httpx2.TransportError as exc:
             raise _Retry(f"{type(exc).__name__}: {exc}") from exc
-
-    @contextmanager
-    def _follow(
-        self, client: httpx2.Client, url: str, headers: dict[str, str], file: HubFile
-    ) -> Iterator[httpx2.Response]:
-        """GET `url`, following redirects; the token goes to the hub's own host only."""
-        hub_host = urlsplit(url).netloc
-        for _ in range(_MAX_REDIRECTS + 1):
-            sent = dict(headers)
-            if self.access.token and urlsplit(url).netloc == hub_host:
-                sent["Authorization"] = f"Bearer {self.access.token}"
-            with client.stream("GET", url, headers=sent) as response:
-                if urlsplit(url).netloc == hub_host:
-                    self._check_hub_headers(file, response)
-                if response.is_redirect:
-                    url = urljoin(url, response.headers["Location"])
-                    continue
-                self._check_status(file, response)
-                yield response
-                return
-        raise Unavailable(
-            f"the hub redirected {excerpt(file.name)} more than {_MAX_REDIRECTS} times"
-        )
 
     def _check_hub_headers(self, file: HubFile, response: httpx2.Response) -> None:
         """The hub's word on which file this is, before any of its bytes are kept."""

@@ -25,10 +25,10 @@ from pathlib import Path
 
 from service.errors import excerpt
 from service.hub.cache import RepoCache, remove, verified
+from service.hub.client import HubAccess, HubClient
 from service.hub.disk import Reservations
 from service.hub.download import Download
 from service.hub.fetch import FileFetch, HubFile
-from service.hub.remote import HubAccess
 from service.hub.trust import check_revision
 from service.model_source import HubReference
 
@@ -170,22 +170,26 @@ class _Transfer:
         self.reservations.reserve(self, sum(f.size for f in missing) - sum(kept.values()), what)
         try:
             self.cache.prepare()
-            fetch = FileFetch(
-                self.access,
-                self.cache,
-                download.repo_id,
-                download.commit,
-                self._advance,
-                self.cancel,
-            )
-            for file in sorted(missing, key=lambda f: _marks_complete(f.name)):
-                self._publish(
-                    replace(
-                        self.state, file=file.name, file_done=kept[file.name], file_total=file.size
-                    )
+            with HubClient(self.access) as client:
+                fetch = FileFetch(
+                    client,
+                    self.cache,
+                    download.repo_id,
+                    download.commit,
+                    self._advance,
+                    self.cancel,
                 )
-                fetch.fetch(file)
-                self._publish(replace(self.state, file_done=file.size), force=True)
+                for file in sorted(missing, key=lambda f: _marks_complete(f.name)):
+                    self._publish(
+                        replace(
+                            self.state,
+                            file=file.name,
+                            file_done=kept[file.name],
+                            file_total=file.size,
+                        )
+                    )
+                    fetch.fetch(file)
+                    self._publish(replace(self.state, file_done=file.size), force=True)
             self._write_ref()
         finally:
             self.reservations.release(self)

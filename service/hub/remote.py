@@ -1,103 +1,168 @@
 """A hub repo's metadata over HTTP: its files and sizes, configs and headers, never its weights.
 
-Everything goes through huggingface_hub: `model_info` for the file list (with
-sizes) and the commit a revision resolves to, and `HfFileSystem` for reads,
-which fetch byte ranges, so reading a GGUF's header moves the header (the key
-values, the tokenizer among them, and the tensor table) and a safetensors
-header its first bytes. What the hub says no to becomes the service's error:
-an unknown repo or revision NOT_FOUND, a gated one without a token that may
-read it PERMISSION_DENIED, a hub that cannot be reached UNAVAILABLE.
+The file list (with sizes and hashes) and the commit a revision resolves to
+come from the hub API's model info (`/api/models/{repo}/revision/{rev}?blobs=true`,
+the call huggingface_hub's `model_info` makes), read up to a bound. Files are
+read by byte ranges of their `/resolve/{commit}/` URL (service.hub.ranged), so
+reading a GGUF's header moves the parts of the header admission reads, and a
+safetensors header its first bytes. Every byte counts against the admission's
+budget (service.hub.budget), and every request goes through
+service.hub.client, which checks redirects and binds the token to the hub.
+
+What the hub says no to becomes the service's error: an unknown repo or
+revision NOT_FOUND, a gated one without a token that may read it
+PERMISSION_DENIED, a hub that cannot be reached, or answers garbled, UNAVAILABLE.
 """
 
 from __future__ import annotations
 
-import io
-from collections.abc import Callable, Iterator
+import json
+import re
+from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass, field
 from typing import Any, BinaryIO, cast
 from urllib.parse import quote
 
-import httpx2
-from huggingface_hub import HfApi, HfFileSystem
-from huggingface_hub.errors import (
-    GatedRepoError,
-    HfHubHTTPError,
-    RepositoryNotFoundError,
-    RevisionNotFoundError,
+from service.errors import DataLoss, NotSupported, Unavailable, excerpt
+from service.hub.budget import LISTING_BYTES, ReadBudget
+from service.hub.client import (
+    HubClient,
+    TooLarge,
+    read_bounded,
+    read_prefix,
+    status_error,
+    transport_errors,
 )
-
-from service.errors import AccessDenied, ModelNotFound, Unavailable, excerpt
+from service.hub.ranged import RangedFile
 from service.hub.trust import Digest, check_commit, check_file_name, file_digest
 from service.model_source import HubReference
 
-# Reads of a remote file fetch this much at a time: a GGUF header is read in a few.
-READ_BLOCK = 1 << 20
-
-
-@dataclass(frozen=True)
-class HubAccess:
-    """Where the hub is and how to ask it (the operator's settings)."""
-
-    endpoint: str
-    token: str | None = field(default=None, repr=False)
-    timeout: float = 10.0
+_CONTENT_RANGE = re.compile(r"bytes (\d+)-(\d+)/(\d+)")
 
 
 class RemoteRepo:
     """One revision of a hub repo, resolved to its commit, read without downloading it."""
 
-    def __init__(self, hub: HubReference, access: HubAccess) -> None:
+    def __init__(self, hub: HubReference, client: HubClient, budget: ReadBudget) -> None:
         self.hub = hub
-        self._access = access
-        with hub_errors(hub):
-            api = HfApi(endpoint=access.endpoint, token=access.token or False)
-            info = api.model_info(
-                hub.repo_id, revision=hub.revision, files_metadata=True, timeout=access.timeout
-            )
-        if not info.sha:
-            raise Unavailable(f"the hub gave no commit for {excerpt(str(hub))}")
+        self._client = client
+        self.budget = budget
+        self._label = excerpt(str(hub))
+        self._urls: dict[str, str] = {}  # where a file's bytes were last served from
+        info = self._model_info()
         # Names, hashes and the commit become paths in the cache: checked here, once.
-        self.commit: str = check_commit(hub.repo_id, info.sha)
+        commit = _text(info.get("sha"))
+        if not commit:
+            raise Unavailable(f"the hub gave no commit for {self._label}")
+        self.commit: str = check_commit(hub.repo_id, commit)
         self.sizes: dict[str, int] = {}
         self.digests: dict[str, Digest] = {}
-        for sibling in info.siblings or []:
-            name = check_file_name(hub.repo_id, sibling.rfilename)
-            self.sizes[name] = _size(hub.repo_id, name, sibling.size)
-            lfs = sibling.lfs
-            sha256 = lfs.get("sha256") if isinstance(lfs, dict) else getattr(lfs, "sha256", None)
-            self.digests[name] = file_digest(hub.repo_id, name, sha256, sibling.blob_id)
-        self._files = HfFileSystem(
-            endpoint=access.endpoint, token=access.token or False, skip_instance_cache=True
-        )
+        for sibling in _siblings(info, self._label):
+            name = check_file_name(hub.repo_id, _text(sibling.get("rfilename")) or "")
+            self.sizes[name] = _size(hub.repo_id, name, sibling.get("size"))
+            lfs = sibling.get("lfs")
+            sha256 = _text(lfs.get("sha256")) if isinstance(lfs, dict) else None
+            blob_id = _text(sibling.get("blobId"))
+            self.digests[name] = file_digest(hub.repo_id, name, sha256, blob_id)
+
+    def _model_info(self) -> dict[str, Any]:
+        """The hub's description of the revision, read up to LISTING_BYTES."""
+        path = f"api/models/{self.hub.repo_id}"
+        if self.hub.revision is not None:
+            path += f"/revision/{quote(self.hub.revision, safe='')}"
+        url = self._client.url(path) + "?blobs=true"  # sizes and hashes with the names
+        with transport_errors(self._label), self._client.get(url) as answer:
+            if answer.status_code != 200:
+                raise status_error(answer, self._label)
+            try:
+                body = read_bounded(answer, LISTING_BYTES, self.budget.deadline)
+            except TooLarge as exc:
+                raise NotSupported(
+                    f"the hub's file listing of {self._label} is {exc.args[0]} bytes or more; "
+                    f"this server reads at most {LISTING_BYTES} (some 38,000 files). Download "
+                    "the files you need yourself and serve them by path"
+                ) from None
+        self.budget.spend(len(body), f"the file listing of {self._label}")
+        try:
+            info = json.loads(body)
+        except (ValueError, RecursionError):
+            info = None
+        if not isinstance(info, dict):
+            raise Unavailable(f"the hub's listing of {self._label} is not a JSON object; retry")
+        return info
 
     @contextmanager
-    def open(self, name: str, block: int = READ_BLOCK) -> Iterator[BinaryIO]:
-        """A file of this commit, fetched forward `block` bytes at a time as it is read.
+    def open(self, name: str, limit: int) -> Iterator[BinaryIO]:
+        """A file of this commit, read by ranges, fetching at most `limit` bytes of it."""
 
-        What was fetched is kept, so seeking back costs nothing and each byte up to
-        the furthest one read crosses the network once: a GGUF header's reader peeks
-        and steps back, which fsspec's own read-ahead cache would fetch again."""
-        path = f"{self.hub.repo_id}@{quote(self.commit, safe='')}/{name}"
-        with hub_errors(self.hub):
-            remote = self._files.open(path, "rb", cache_type="none")
-            try:
+        def fetch(start: int, end: int) -> bytes:
+            return self._fetch_range(name, start, end)
 
-                def fetch(start: int, end: int) -> bytes:
-                    remote.seek(start)
-                    return bytes(remote.read(end - start))
-
-                yield cast(BinaryIO, _FetchedForward(fetch, self.sizes[name], block))
-            finally:
-                remote.close()
+        what = f"{excerpt(name)} of {self._label}"
+        yield cast(BinaryIO, RangedFile(fetch, self.sizes[name], limit=limit, what=what))
 
     def read_small(self, name: str, limit: int) -> bytes | None:
         """A whole file of at most `limit` bytes (a config); None, unread, if larger."""
         size = self.sizes[name]
         if size > limit:
             return None
-        with self.open(name) as remote:
-            return remote.read(size)
+        return self._fetch_range(name, 0, size) if size else b""
+
+    def _fetch_range(self, name: str, start: int, end: int) -> bytes:
+        """Bytes [start, end) of a file: a ranged GET, read no further than the range."""
+        label = f"{excerpt(name)} of {self._label}"
+        self.budget.spend(end - start, label)
+        url = self._urls.get(name) or self._client.url(
+            f"{quote(self.hub.repo_id)}/resolve/{self.commit}/{quote(name)}"
+        )
+        headers = {"Range": f"bytes={start}-{end - 1}"}
+        with transport_errors(label), self._client.get(url, headers) as answer:
+            if answer.status_code not in (200, 206):
+                raise status_error(answer, label)
+            _check_range(answer, start, end, self.sizes[name], label)
+            data = read_prefix(answer, end - start, self.budget.deadline)
+            self._urls[name] = str(answer.url)
+        if len(data) != end - start:
+            raise Unavailable(
+                f"the hub's answer for {label} ended at {start + len(data)} of bytes "
+                f"{start}-{end - 1}; retry"
+            )
+        return data
+
+
+def _check_range(answer: Any, start: int, end: int, size: int, label: str) -> None:
+    """The answer holds bytes from `start` of a file of `size` bytes, or it is refused."""
+    if answer.status_code == 200:
+        if start != 0:  # the whole file from byte 0: the range is not in what was read
+            raise Unavailable(
+                f"the hub ignored the byte range asked of {label}: reading its header "
+                f"would mean downloading all {size} bytes; not read. Check --hf-endpoint"
+            )
+        return
+    found = _CONTENT_RANGE.fullmatch(answer.headers.get("Content-Range", "").strip())
+    if found is not None and int(found[3]) != size:
+        raise DataLoss(
+            f"the hub lists {label} at {size} bytes but serves it as {found[3]}: not read. "
+            "Check --hf-endpoint"
+        )
+    if found is None or int(found[1]) != start:
+        raise Unavailable(
+            f"the hub answered bytes {start}-{end - 1} of {label} with the range "
+            f"{excerpt(answer.headers.get('Content-Range', ''))}; retry, and check "
+            "--hf-endpoint if it happens again"
+        )
+
+
+def _siblings(info: dict[str, Any], label: str) -> list[dict[str, Any]]:
+    siblings = info.get("siblings") or []
+    if not isinstance(siblings, list) or not all(isinstance(s, dict) for s in siblings):
+        raise Unavailable(f"the hub's listing of {label} has no usable file list; retry")
+    return siblings
+
+
+def _text(value: object) -> str | None:
+    """A string the hub sent where a string belongs; anything else counts as absent."""
+    return value if isinstance(value, str) else None
 
 
 def _size(repo: str, name: str, size: object) -> int:
@@ -107,77 +172,3 @@ def _size(repo: str, name: str, size: object) -> int:
             f"({excerpt(repr(size))})"
         )
     return size
-
-
-@contextmanager
-def hub_errors(hub: HubReference) -> Iterator[None]:
-    """The hub's refusals and failures as the service's errors, with what to do."""
-    label = excerpt(str(hub))
-    try:
-        yield
-    except GatedRepoError as exc:  # before RepositoryNotFoundError: it is one
-        raise AccessDenied(
-            f"{label} is gated on the Hugging Face hub: accept its terms there, and give the "
-            "server a token that may read it (--hf-token or HF_TOKEN)"
-        ) from exc
-    except RevisionNotFoundError as exc:
-        raise ModelNotFound(
-            f"the Hugging Face hub has no revision {hub.revision!r} of {label}"
-        ) from exc
-    except RepositoryNotFoundError as exc:
-        raise ModelNotFound(
-            f"the Hugging Face hub has no model {excerpt(hub.repo_id)} (a private one needs "
-            "the server to have a token that may read it: --hf-token or HF_TOKEN)"
-        ) from exc
-    except HfHubHTTPError as exc:
-        raise refusal_of(exc.response.status_code if exc.response is not None else 0, label) or (
-            Unavailable(f"the Hugging Face hub could not answer for {label}: {exc}")
-        ) from exc
-    except (httpx2.HTTPError, OSError) as exc:  # OSError: fsspec's, for a read that failed
-        raise Unavailable(f"the Hugging Face hub could not answer for {label}: {exc}") from exc
-
-
-def refusal_of(status: int, label: str) -> AccessDenied | None:
-    """A refusal a retry will not change: 401 and 403 are the hub saying no."""
-    if status in (401, 403):
-        return AccessDenied(
-            f"the Hugging Face hub refused access to {label} (HTTP {status}): give the "
-            "server a token that may read it (--hf-token or HF_TOKEN)"
-        )
-    return None
-
-
-class _FetchedForward(io.RawIOBase):
-    """A file read through `fetch(start, end)`, `block` bytes at a time, kept as read."""
-
-    def __init__(self, fetch: Callable[[int, int], bytes], size: int, block: int) -> None:
-        self._fetch = fetch
-        self._size = size
-        self._block = block
-        self._data = bytearray()
-        self._position = 0
-
-    def readable(self) -> bool:
-        return True
-
-    def seekable(self) -> bool:
-        return True
-
-    def tell(self) -> int:
-        return self._position
-
-    def seek(self, offset: int, whence: int = io.SEEK_SET) -> int:
-        base = {io.SEEK_SET: 0, io.SEEK_CUR: self._position, io.SEEK_END: self._size}[whence]
-        self._position = max(0, base + offset)
-        return self._position
-
-    def readinto(self, buffer: Any) -> int:
-        view = memoryview(buffer).cast("B")
-        end = min(self._position + len(view), self._size)
-        while len(self._data) < end:
-            start = len(self._data)
-            self._data += self._fetch(start, min(start + self._block, self._size))
-        count = max(0, end - self._position)
-        view[:count] = self._data[self._position : end]
-        self._position += count
-        return count
