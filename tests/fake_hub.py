@@ -28,6 +28,7 @@ import hashlib
 import json
 import re
 import socket
+import ssl
 import threading
 import time
 from collections import Counter
@@ -157,13 +158,15 @@ class FakeHub:
     repos: dict[str, FakeRepo] = field(default_factory=dict)
     sent: Counter[str] = field(default_factory=Counter)  # "repo/path" -> body bytes
     requests: list[str] = field(default_factory=list)  # "METHOD path"
+    with_token: list[str] = field(default_factory=list)  # paths asked with Authorization
     lock: threading.Lock = field(default_factory=threading.Lock)
     url: str = ""
     # Serve file bodies at this rate (None: as fast as the socket takes them).
     bytes_per_second: float | None = None
     _server: ThreadingHTTPServer | None = None
 
-    def start(self) -> FakeHub:
+    def start(self, tls: ssl.SSLContext | None = None) -> FakeHub:
+        """Serve on loopback: plain http on 127.0.0.1, or with `tls` https on localhost."""
         hub = self
 
         class Handler(_HubHandler):
@@ -171,7 +174,11 @@ class FakeHub:
 
         self._server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
         self._server.daemon_threads = True
-        self.url = f"http://127.0.0.1:{self._server.server_address[1]}"
+        port = self._server.server_address[1]
+        self.url = f"http://127.0.0.1:{port}"
+        if tls is not None:
+            self._server.socket = tls.wrap_socket(self._server.socket, server_side=True)
+            self.url = f"https://localhost:{port}"
         threading.Thread(target=self._server.serve_forever, daemon=True).start()
         return self
 
@@ -231,6 +238,8 @@ class _HubHandler(BaseHTTPRequestHandler):
         path = unquote(split.path)
         with self.fake.lock:
             self.fake.requests.append(f"{method} {path}")
+            if self.headers.get("Authorization"):
+                self.fake.with_token.append(path)
         for name, pattern in _ROUTES:
             match = pattern.match(path)
             if match is None:
