@@ -178,6 +178,36 @@ def test_cancelling_stops_after_the_current_step(backend: DiffusersBackend) -> N
     assert after.png == reference.png
 
 
+@pytest.mark.parametrize("component", ["unet", "vae"])
+def test_cancelling_stops_inside_a_step_or_the_decode(
+    backend: DiffusersBackend, component: str
+) -> None:
+    """On a CPU one step (or the VAE decode) of a large image takes minutes: the
+    cancel is seen as the next layer starts, not at the step's end (issue 38)."""
+    reference, _ = render(backend, APPLE)
+    pipeline = backend._pipeline
+    assert pipeline is not None
+    model = getattr(pipeline, component)
+    middle = model.mid_block if component == "unet" else model.decoder.mid_block
+    last = model.conv_out if component == "unet" else model.decoder.conv_out
+    cancelled = threading.Event()
+    ran_last: list[bool] = []
+    handles = [
+        middle.register_forward_hook(lambda *_: cancelled.set()),  # the client leaves here
+        last.register_forward_hook(lambda *_: ran_last.append(True)),
+    ]
+    try:
+        with pytest.raises(GenerationCancelled):
+            _, steps = render(backend, APPLE, cancelled)
+    finally:
+        for handle in handles:
+            handle.remove()
+    assert ran_last == []  # the layers after the middle one never ran
+    after, steps = render(backend, APPLE)
+    assert steps == [(1, 2), (2, 2)]
+    assert after.png == reference.png  # the pipeline is left as it was
+
+
 def test_a_request_cancelled_before_it_starts_runs_no_step(backend: DiffusersBackend) -> None:
     cancelled = threading.Event()
     cancelled.set()

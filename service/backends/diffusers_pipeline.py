@@ -76,6 +76,9 @@ class DiffusersBackend:
                 "so it can be neither followed nor cancelled",
             )
         self._default_size = _default_size(self._pipeline)
+        # The request rendering now: checked as each layer starts (see _stop_inside).
+        self._cancelled: threading.Event | None = None
+        _stop_inside(self._pipeline, self._check_cancelled)
 
     @property
     def name(self) -> str:
@@ -105,8 +108,12 @@ class DiffusersBackend:
         torch.set_num_threads(self._threads)
         generator = torch.Generator(self._device).manual_seed(request.seed)
         arguments = self._call_arguments(request, generator, _step_reporter(on_step, cancelled))
-        with torch.inference_mode():
-            image = _run(pipeline, arguments)
+        self._cancelled = cancelled
+        try:
+            with torch.inference_mode():
+                image = _run(pipeline, arguments)
+        finally:
+            self._cancelled = None
         if cancelled.is_set():  # set while the last step was decoded: the client has gone
             raise GenerationCancelled
         return RenderedImage(png=_encode_png(image), width=image.width, height=image.height)
@@ -122,6 +129,11 @@ class DiffusersBackend:
 
             # Hand the freed blocks back to the driver, for the next model to load.
             torch.cuda.empty_cache()
+
+    def _check_cancelled(self, module: torch.nn.Module, inputs: Any) -> None:
+        cancelled = self._cancelled
+        if cancelled is not None and cancelled.is_set():
+            raise GenerationCancelled
 
     def _call_arguments(
         self, request: ImageRequest, generator: torch.Generator, callback: _StepCallback
@@ -176,6 +188,25 @@ def _step_reporter(on_step: ProgressCallback, cancelled: threading.Event) -> _St
         return {}  # replace none of the pipeline's tensors
 
     return step_ended
+
+
+def _stop_inside(pipeline: DiffusionPipeline, check: Callable[[Any, Any], None]) -> None:
+    """Have every layer of every component call `check` before it runs.
+
+    Between steps is not often enough: on a CPU one step of a large image takes
+    minutes (a 1024x1024 one on a tiny pipeline, one attention ~90 s), and the
+    VAE decode runs after the last step. A layer starting is the finest point
+    Python sees; one native call cannot be stopped from inside, and the front
+    stops an engine that goes on too long after a cancel (--image-cancel-seconds).
+    A hook that raises leaves the modules as they were: they keep no state
+    between calls, and the next call sets the scheduler's timesteps afresh.
+    """
+    import torch
+
+    for component in pipeline.components.values():
+        if isinstance(component, torch.nn.Module):
+            for module in component.modules():
+                module.register_forward_pre_hook(check)
 
 
 def _steps_running(pipeline: Any) -> int:
