@@ -468,6 +468,14 @@ class ImageSettings(BaseModel):
         description="Memory an image request needs per output pixel beyond the weights "
         "(activations), reserved in the memory budget while it renders.",
     )
+    image_cancel_seconds: float = Field(
+        default=5.0,
+        gt=0,
+        description="How long an image engine may go on computing an image after its request "
+        "was cancelled (the client left, the deadline passed) before the engine is stopped; "
+        "the next request starts it afresh. The pipeline stops at the next layer; this "
+        "bounds one layer that runs longer (a large image's attention on a CPU).",
+    )
     image_output_dir: Path | None = Field(
         default=None,
         description="Also save every generated image here, under a name the server chooses.",

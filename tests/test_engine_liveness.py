@@ -15,7 +15,7 @@ import grpc
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from service.engine.liveness import Liveness, Pulse
+from service.engine.liveness import Liveness, Pulse, overdue
 from tests.conftest import (
     GEMMA,
     SMOLLM,
@@ -93,3 +93,10 @@ def test_heartbeats_without_progress_are_a_stall() -> None:
     assert "no progress for 6 s" in (pulse.verdict(6.0, busy=True, limits=limits) or "")
     pulse.heard(7.0, progress=8)  # it moved: the clock starts again
     assert pulse.verdict(7.5, busy=True, limits=limits) is None
+
+
+def test_a_cancelled_image_is_overdue_once_it_outlives_its_cancel_by_the_limit() -> None:
+    limits = Liveness(cancel_seconds=5)
+    assert overdue([], 100.0, limits) is None  # nothing cancelled
+    assert overdue([10.0, 12.0], 14.0, limits) is None
+    assert overdue([12.0, 10.0], 16.0, limits) == 6.0  # the oldest cancel counts

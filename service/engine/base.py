@@ -28,7 +28,8 @@ def _ignore(why: str) -> None:
 class EngineHooks:
     """How an engine tells the pool about its model, called on the event loop."""
 
-    # The library failed inside the model and left its state unknown.
+    # The model must go: the library failed inside it and left its state unknown, or
+    # the front stopped its engine (an image went on too long after its cancel).
     on_failure: Callable[[str], None] = _ignore
     # The engine process died (not asked to): the cause, in words.
     on_exit: Callable[[str], None] = _ignore

@@ -75,6 +75,9 @@ class EngineCore:
         self._on_failure = on_failure
         self._publish = publish
         self._broken: str | None = None
+        # Images sent to the worker that it has not begun (see cancel_queued_image).
+        self._queued_images: set[ImageSink] = set()
+        self._images_lock = threading.Lock()
         self._preparer = ThreadPoolExecutor(1, thread_name_prefix=f"prepare:{options.name}")
         self.scheduler: DecodeScheduler | None = None
         if options.backend != DIFFUSERS:
@@ -152,7 +155,41 @@ class EngineCore:
     def submit_image(self, request: ImageRequest, received_at: float, sink: ImageSink) -> None:
         """Queue one image on the worker thread, in the caller's context (as submit_text:
         what the pipeline logs names the request)."""
-        self.worker.submit(in_this_context(lambda: self.start_image(request, received_at, sink)))
+        with self._images_lock:
+            self._queued_images.add(sink)
+        try:
+            self.worker.submit(
+                in_this_context(lambda: self._start_queued_image(request, received_at, sink))
+            )
+        except BaseException:
+            with self._images_lock:
+                self._queued_images.discard(sink)
+            raise
+
+    def cancel_queued_image(self, sink: ImageSink) -> bool:
+        """End an image cancelled before the worker began it, at once; whether it was one.
+        Called from any thread.
+
+        The worker renders one image at a time: one cancelled behind a long image would
+        otherwise end only once that one has, and the front stops an engine whose
+        cancelled image does not end soon (service.engine.liveness), the long image with it.
+        """
+        with self._images_lock:
+            if sink not in self._queued_images:
+                return False  # begun, or ended already: the pipeline sees the cancel
+            self._queued_images.discard(sink)
+        sink.close()
+        self._publish()
+        return True
+
+    def _start_queued_image(
+        self, request: ImageRequest, received_at: float, sink: ImageSink
+    ) -> None:
+        with self._images_lock:
+            if sink not in self._queued_images:
+                return  # cancelled while it waited, and ended then
+            self._queued_images.discard(sink)
+        self.start_image(request, received_at, sink)
 
     def start_image(self, request: ImageRequest, received_at: float, sink: ImageSink) -> None:
         """Render one image, reporting each step to `sink`, then the image."""

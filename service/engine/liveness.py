@@ -13,10 +13,20 @@ end with UNAVAILABLE naming the cause, the pool drops the model, and the next
 request starts a fresh engine. Before, a SIGSTOPped engine's streams got no
 token and no error, and requests without a deadline queued behind them until
 every other model starved.
+
+A third case is no fault of the engine: an image whose request was cancelled
+(its client left, its deadline passed) and that is still being computed
+`cancel_seconds` after the cancel was sent. The pipeline checks for a cancel
+as each layer starts, but one layer of a large image on a CPU (an attention
+over 65,536 positions) runs for minutes, and nothing else can interrupt it.
+The engine is killed and its model discarded, not counted as a crash: the
+next request starts a fresh engine (an image engine serves one image at a
+time, so only the images queued behind the abandoned one are lost with it).
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 
@@ -24,6 +34,7 @@ from dataclasses import dataclass
 class Liveness:
     hang_seconds: float = 30.0
     stall_seconds: float = 300.0
+    cancel_seconds: float = 5.0
 
 
 @dataclass
@@ -53,3 +64,10 @@ class Pulse:
         if still > limits.stall_seconds:
             return f"its model made no progress for {still:.0f} s while serving (stuck)"
         return None
+
+
+def overdue(cancelled_at: Iterable[float], now: float, limits: Liveness) -> float | None:
+    """How long the oldest cancelled request has gone on since its cancel was sent (times
+    from time.monotonic), once that is past `cancel_seconds`; None while all are within."""
+    late = now - min(cancelled_at, default=now)
+    return late if late > limits.cancel_seconds else None

@@ -9,6 +9,11 @@ When the socket closes without the front having asked (a signal, an abort, an
 OOM kill), every request in flight ends at once with UNAVAILABLE naming the
 model and the cause, the last lines the engine wrote go to the log, and
 `on_exit` tells the pool, which drops the model.
+
+An image the front cancelled must end within `Liveness.cancel_seconds` of the
+cancel; else the engine is killed and `on_failure` has the pool discard the
+model (see service.engine.liveness): work nobody waits for must not hold the
+CPU and memory for minutes.
 """
 
 from __future__ import annotations
@@ -34,7 +39,7 @@ from service.engine import wire
 from service.engine.base import EngineCrashed, EngineHooks, EngineInfo, MeasuredMemory
 from service.engine.exit_cause import OutputTail, describe_exit, oom_kill_count
 from service.engine.framing import FrameError, encode, read_message
-from service.engine.liveness import Liveness, Pulse
+from service.engine.liveness import Liveness, Pulse, overdue
 from service.engine.measure import GpuMemory, rss_bytes
 from service.engine.options import EngineOptions
 from service.errors import ServiceError, TimedOut, Unavailable
@@ -75,6 +80,9 @@ class EngineProcess:
         self._info = EngineInfo("", 0)
         self._ids = itertools.count(1)
         self._requests: dict[int, asyncio.Queue[_Item]] = {}
+        # Images cancelled and not yet ended: when their cancel was sent, and their
+        # request ids (the log line that stops the engine names the request).
+        self._cancelled_at: dict[int, tuple[float, str]] = {}
         self._running = self._waiting = 0
         self._closing: str | None = None
         self._dead: EngineCrashed | Unavailable | None = None
@@ -181,7 +189,7 @@ class EngineProcess:
         message = wire.image_message(
             socket_id, request, received_at, request_id=current_request_id()
         )
-        async for event in self._exchange(socket_id, message):
+        async for event in self._exchange(socket_id, message, watch_cancel=True):
             if event.WhichOneof("event") == "image":
                 yield wire.rendered_image(event.image)
             else:
@@ -211,10 +219,17 @@ class EngineProcess:
     # --- the socket -------------------------------------------------------------------------
 
     async def _exchange(
-        self, socket_id: int, message: epb.ToEngine, ceiling: float | None = None
+        self,
+        socket_id: int,
+        message: epb.ToEngine,
+        ceiling: float | None = None,
+        *,
+        watch_cancel: bool = False,
     ) -> AsyncIterator[epb.Event]:
         """Send one request; yield its events until its end, raising its error. With a
-        `ceiling`, the request may last that long after its first event, no longer."""
+        `ceiling`, the request may last that long after its first event, no longer. With
+        `watch_cancel`, a cancel it sends must be answered by the request's end within
+        `Liveness.cancel_seconds` (see `_watch`)."""
         if self._dead is not None:
             raise self._dead
         queue: asyncio.Queue[_Item] = asyncio.Queue()
@@ -237,6 +252,8 @@ class EngineProcess:
             # Still registered: it stopped before its end (the client went away).
             if self._requests.pop(socket_id, None) is not None and self._dead is None:
                 self._send(epb.ToEngine(cancel=epb.Cancel(id=socket_id)))
+                if watch_cancel:
+                    self._cancelled_at[socket_id] = (time.monotonic(), current_request_id())
 
     async def _next_item(self, queue: asyncio.Queue[_Item], deadline: float | None) -> _Item:
         if deadline is None:
@@ -274,15 +291,46 @@ class EngineProcess:
         await self._ended()
 
     async def _watch(self) -> None:
-        """Kill the engine if it has work and is frozen or stuck (service.engine.liveness)."""
+        """Kill the engine if it has work and is frozen or stuck, or goes on with an image
+        cancelled too long ago (service.engine.liveness)."""
         while self._dead is None and self._closing is None:
             await asyncio.sleep(WATCH_SECONDS)
-            verdict = self._pulse.verdict(time.monotonic(), bool(self._requests), self._liveness)
-            if verdict is not None and self._dead is None and self._closing is None:
+            if self._dead is not None or self._closing is not None:
+                return
+            now = time.monotonic()
+            late = overdue([at for at, _ in self._cancelled_at.values()], now, self._liveness)
+            if late is not None:
+                self._stop_abandoned(late)
+                return
+            verdict = self._pulse.verdict(now, bool(self._requests), self._liveness)
+            if verdict is not None:
                 self._hung = verdict
                 log.error("engine hung; killing it", model=self.name, pid=self.pid, why=verdict)
                 self._process.kill()  # SIGKILL ends a stopped process too
                 return
+
+    def _stop_abandoned(self, late: float) -> None:
+        """Kill an engine still computing an image `late` seconds after its cancel: a
+        layer that cannot be interrupted (service.engine.liveness). It is closing, not
+        crashed: its other requests end with UNAVAILABLE and "retry", and the pool
+        discards the model without counting a crash."""
+        limit = self._liveness.cancel_seconds
+        why = (
+            f"model {self.name!r} was restarted: it was still computing an image {late:.0f} s "
+            f"after its request was cancelled (the limit is {limit:g} s, "
+            "--image-cancel-seconds)"
+        )
+        _, request_id = min(self._cancelled_at.values())
+        log.warning(
+            "engine stopped: an image went on after its cancel",
+            model=self.name,
+            pid=self.pid,
+            seconds=round(late, 1),
+            request_id=request_id,  # the watch runs in the context of the load's request
+        )
+        self._closing = why
+        self._process.kill()
+        self._hooks.on_failure(why)
 
     def _deliver(self, batch: epb.EventBatch) -> None:
         self._running, self._waiting = batch.running, batch.waiting
@@ -290,6 +338,8 @@ class EngineProcess:
         for event in batch.events:
             queue = requests.get(event.id)
             if queue is None:  # it stopped early; these were on their way
+                if event.WhichOneof("event") == "end":
+                    self._cancelled_at.pop(event.id, None)  # it did stop
                 continue
             if event.WhichOneof("event") == "end":
                 del requests[event.id]

@@ -242,6 +242,7 @@ class EngineServer:
             with bound_request_id(sink.request_id):
                 log.debug("request cancelled")
             sink.cancelled.set()
+            self._served().cancel_queued_image(sink)  # else it waits for the image ahead
 
     def _sink(self, socket_id: int, request_id: str) -> RemoteSink:
         sink = RemoteSink(socket_id, request_id, self._outgoing, self._forget)

@@ -42,7 +42,11 @@ def engine_starter(settings: Settings) -> EngineStarter:
         options = engine_options(spec, source.path, backend, settings)
         if settings.engine_mode == "in-process":
             return await LocalEngine.start(options, hooks)
-        liveness = Liveness(settings.engine_hang_seconds, settings.engine_stall_seconds)
+        liveness = Liveness(
+            settings.engine_hang_seconds,
+            settings.engine_stall_seconds,
+            settings.image_cancel_seconds,
+        )
         return await EngineProcess.start(options, hooks, liveness)
 
     return start
