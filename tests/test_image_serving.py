@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import io
+import re
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, cast
@@ -161,15 +162,53 @@ def _fail_mid_denoise(
 def test_an_image_reserves_its_working_memory_before_it_starts(image_models: Path) -> None:
     """The activations grow with the pixels: a request whose estimate cannot fit the
     budget beside its model is refused before a step runs (issue 27: a 2048x2048 image
-    took 4.1 GB while the pool counted 8.6 MB)."""
+    took 4.1 GB while the pool counted 8.6 MB), naming the size that fits (issue 38)."""
     settings = make_settings(models_dir=[image_models], memory_budget="1GiB")
     with serving(settings) as (running, stub):
+        pool = running.server.pool
         with pytest.raises(grpc.RpcError) as caught:
-            render(stub, width=1024, height=1024, steps=2)
+            render(stub, width=2048, height=1024, steps=2)
         assert caught.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
         details = str(caught.value.details())
-        assert "a 1024x1024 image" in details
-        pool = running.server.pool
-        assert pool.used_bytes() == sum(m.memory_bytes for m in pool.loaded())  # nothing held
+        assert "a 2048x1024 image" in details
+        # 1 GiB at 4 KiB a pixel: 262,144 pixels, 724x362 at this shape, in multiples of 8.
+        assert "at most 720x360 fits" in details
+        assert "tiny-sd" not in pool.stats.loads  # refused before the model was loaded
         events = render(stub, width=128, height=128, steps=2)  # 64 MiB: it fits
         assert events[-1].image.width == 128
+        assert pool.used_bytes() == sum(m.memory_bytes for m in pool.loaded())  # nothing held
+        (model,) = [m for m in pool.loaded() if m.name == "tiny-sd"]
+        _refused_beside(stub, model.memory_bytes, pool.limits.budget_bytes)
+
+
+def _refused_beside(stub: pb_grpc.InferenceStub, held: int, budget: int) -> None:
+    """512x512 takes the whole budget: it cannot fit beside its loaded model, however
+    long it waits (before, it waited --load-wait for its own model to go idle)."""
+    with pytest.raises(grpc.RpcError) as caught:
+        render(stub, width=512, height=512, steps=2)
+    assert caught.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+    details = str(caught.value.details())
+    assert "beside model 'tiny-sd'" in details
+    fits = re.search(r"at most (\d+)x(\d+) fits", details)
+    assert fits is not None, details
+    width, height = int(fits[1]), int(fits[2])
+    assert width == height  # the shape asked for
+    assert width % 8 == 0
+    assert width * height * 4096 <= budget - held < (width + 8) * (height + 8) * 4096
+
+
+def test_list_models_counts_what_an_image_engine_holds(
+    image_server: tuple[RunningServer, pb_grpc.InferenceStub],
+) -> None:
+    """The weights are a few MiB; torch and the pipeline's buffers hold far more. The pool
+    counts what the engine process holds, measured when idle (issue 38: listed at 6 MiB
+    while its engine held 1.1 GB)."""
+    running, stub = image_server
+    render(stub)
+    weights = stub.Admit(pb.AdmitRequest(model="tiny-sd", capability=pb.CAPABILITY_IMAGE))
+    models = {m.name: m for m in stub.ListModels(pb.ListModelsRequest()).models}
+    listed = models["tiny-sd"]
+    assert listed.rss_bytes > 10 * weights.memory.weights_bytes  # torch's own, mostly
+    assert listed.memory_bytes >= 0.8 * listed.rss_bytes
+    (model,) = [m for m in running.server.pool.loaded() if m.name == "tiny-sd"]
+    assert model.memory_bytes == listed.memory_bytes  # what the budget counts

@@ -24,6 +24,11 @@
   seconds is refused with FAILED_PRECONDITION until the oldest of those
   crashes leaves the window (see `service.engine.crash_backoff`).
 - Idle models are unloaded after `keep_alive` seconds, except the default.
+- An image model counts what its engine process holds, measured once it is
+  loaded and whenever it goes idle, when that is more than its estimate: the
+  estimate is the weights, and torch and the pipeline's buffers hold far more
+  (a 6 MiB pipeline's engine holds about 500 MiB). An image's working memory
+  is reserved apart while it renders (`working_memory`).
 """
 
 from __future__ import annotations
@@ -76,9 +81,9 @@ class PoolLimits:
 class LoadedModel:
     spec: ModelSpec
     engine: Engine
-    memory_bytes: int  # host memory
+    memory_bytes: int  # host memory: the estimate, or what was measured when more
     capability: Capability
-    device_bytes: int = 0  # GPU memory
+    device_bytes: int = 0  # GPU memory, likewise
     last_used: float = field(default_factory=time.time)
     active_requests: int = 0
     # Set when the backend failed mid-request or its engine died; the model is
@@ -86,6 +91,13 @@ class LoadedModel:
     broken: bool = False
     # Set once its closing began; it serves nothing after.
     closing: bool = False
+    # The estimates from metadata, which the measured figures never go below.
+    estimated_bytes: int = field(init=False)
+    estimated_device_bytes: int = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.estimated_bytes = self.memory_bytes
+        self.estimated_device_bytes = self.device_bytes
 
     @property
     def name(self) -> str:
@@ -423,6 +435,7 @@ class ModelPool:
         self.stats.load_seconds[spec.name] = self.stats.load_seconds.get(spec.name, 0.0) + seconds
         model = LoadedModel(spec, engine, need.host_bytes, capability, need.device_bytes)
         loaded.append(model)
+        self._measure(model)
         self.stats.loads[spec.name] = self.stats.loads.get(spec.name, 0) + 1
         log.info(
             "model loaded",
@@ -430,7 +443,7 @@ class ModelPool:
             backend=engine.info.backend,
             engine_pid=engine.pid,
             seconds=round(seconds, 2),
-            memory=format_bytes(need.host_bytes),
+            memory=format_bytes(model.memory_bytes),
             gpu_memory=format_bytes(need.device_bytes),
             kv_cache=format_bytes(need.kv_cache_bytes),
             kv_layout=kv_cache_layout(decision, spec),
@@ -505,7 +518,22 @@ class ModelPool:
     async def _after_release(self, model: LoadedModel) -> None:
         if model.broken and model.active_requests == 0:
             await self._close_leaving(model)
+        self._measure(model)
         self._changed()
+
+    @staticmethod
+    def _measure(model: LoadedModel) -> None:
+        """An idle image model's figures from what its engine holds, when more than the
+        estimate. Idle only: while an image renders its working memory is reserved apart,
+        and counting it in the model too would refuse the next image beside it."""
+        busy = model.active_requests or model.broken or model.closing
+        if model.capability is not Capability.IMAGE or busy:
+            return
+        measured = model.engine.memory()
+        if measured is None:  # in process: nothing apart to measure
+            return
+        model.memory_bytes = max(model.estimated_bytes, measured.rss_bytes)
+        model.device_bytes = max(model.estimated_device_bytes, measured.gpu_bytes)
 
     async def _evict(self, names: tuple[str, ...] | list[str], why: str) -> None:
         """Take the models out of the pool at once, then close them one by one."""

@@ -9,6 +9,7 @@ which runs in its engine, from the shared pool.
 from __future__ import annotations
 
 import asyncio
+import math
 import time
 import uuid
 from collections.abc import AsyncIterator
@@ -19,11 +20,12 @@ import structlog
 from service.admission import Capability, Decision
 from service.backends.names import EXTERNAL as EXTERNAL_SETTING
 from service.config import ImageSettings
-from service.errors import NotSupported
+from service.errors import NotSupported, Overloaded
 from service.images.external import BACKEND_NAME as EXTERNAL
 from service.images.external import CommandResolver, ExternalRoute, run_external
 from service.images.requests import ImageDone, ImageEvent, ImageRequest, ImageStep, RenderedImage
-from service.models.pool import ModelPool
+from service.memory import format_bytes
+from service.models.pool import LoadedModel, ModelPool
 
 log = structlog.get_logger("images")
 
@@ -89,9 +91,11 @@ class ImageGenerator:
     async def _in_process(
         self, request: ImageRequest, started: float
     ) -> AsyncIterator[ImageStep | _Rendered]:
+        need, what = self._working_memory(request)
+        self._check_size(request, need, None)  # before the model is loaded for nothing
         async with self._pool.use(request.model, Capability.IMAGE) as model:
             engine = model.require(Capability.IMAGE)
-            need, what = self._working_memory(request)
+            self._check_size(request, need, model)
             async with self._pool.working_memory(need, what):
                 async for item in engine.generate_image(request, started):
                     yield (item, engine.info.backend) if isinstance(item, RenderedImage) else item
@@ -102,6 +106,30 @@ class ImageGenerator:
         width, height = request.width or 1024, request.height or 1024
         need = width * height * self._settings.image_bytes_per_pixel
         return need, f"{request.model} (a {width}x{height} image)"
+
+    def _check_size(self, request: ImageRequest, need: int, beside: LoadedModel | None) -> None:
+        """RESOURCE_EXHAUSTED, naming the largest size that fits, when the image's working
+        memory cannot fit the budget beside its model however long it waits. (One that
+        fits once busy models finish waits for them, as a load does.)"""
+        budget = self._pool.limits.budget_bytes
+        held = 0 if beside is None else beside.memory_bytes
+        if need <= budget - held:
+            return
+        width, height = request.width or 1024, request.height or 1024
+        per_pixel = self._settings.image_bytes_per_pixel
+        fit = largest_fitting(width, height, max(0, budget - held) // per_pixel)
+        where = f" beside model {request.model!r} (it holds {format_bytes(held)})" if beside else ""
+        advice = "no image fits; raise --memory-budget"
+        if fit is not None:
+            advice = (
+                f"at most {fit[0]}x{fit[1]} fits at this shape: ask for that or smaller, or "
+                "raise --memory-budget"
+            )
+        raise Overloaded(
+            f"a {width}x{height} image needs about {format_bytes(need)} of working memory "
+            f"({per_pixel} bytes a pixel, --image-bytes-per-pixel), more than the memory "
+            f"budget of {format_bytes(budget)} holds{where}; {advice}"
+        )
 
     def _save(self, image: RenderedImage, request: ImageRequest) -> None:
         """Keep a copy under --image-output-dir, if set. Blocking: run it off the loop."""
@@ -114,3 +142,11 @@ class ImageGenerator:
             (directory / name).write_bytes(image.png)
         except OSError as exc:  # the image still reaches the client
             log.warning("could not save image", path=str(directory / name), error=str(exc))
+
+
+def largest_fitting(width: int, height: int, pixels: int) -> tuple[int, int] | None:
+    """The largest (width, height) of the same shape, in multiples of 8, with at most
+    `pixels` pixels; None when not even 8x8 has so few."""
+    scale = math.sqrt(pixels / (width * height))
+    fit = (int(width * scale) // 8 * 8, int(height * scale) // 8 * 8)
+    return fit if min(fit) >= 8 else None
