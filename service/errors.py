@@ -8,6 +8,7 @@
     ├── Overloaded            RESOURCE_EXHAUSTED   no room to serve it now
     ├── Unauthenticated       UNAUTHENTICATED      no valid bearer token
     ├── Unavailable           UNAVAILABLE          try again: the model is being reloaded
+    ├── Aborted               ABORTED              another party changed what it worked on
     ├── TimedOut              DEADLINE_EXCEEDED    a server-side time limit passed
     ├── DataLoss              DATA_LOSS            fetched bytes are not what was promised
     └── BackendFailure        INTERNAL             the model library failed
@@ -59,6 +60,10 @@ class Unauthenticated(ServiceError):
 
 class Unavailable(ServiceError):
     code = grpc.StatusCode.UNAVAILABLE
+
+
+class Aborted(ServiceError):
+    code = grpc.StatusCode.ABORTED
 
 
 class TimedOut(ServiceError):

@@ -16,21 +16,36 @@ is written outside it.
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
+import stat
 import uuid
 from pathlib import Path
+from typing import BinaryIO
 
+import structlog
 from huggingface_hub.file_download import repo_folder_name
 
+from service.errors import AccessDenied
 from service.hub.trust import Digest, Hasher
+
+log = structlog.get_logger("hub")
 
 PARTIAL_SUFFIX = ".incomplete"
 # Files are hashed this much at a time.
 _READ_BLOCK = 1 << 20
 
 
-class OutsideCache(Exception):
-    """A path the cache would create resolves outside it (a planted symlink)."""
+class OutsideCache(AccessDenied):
+    """A path the cache would use resolves outside it (a planted symbolic link)."""
+
+    def __init__(self, path: str, root: str) -> None:
+        super().__init__(
+            f"{path} in the hub cache leads outside it (to {os.path.realpath(path)}): this "
+            f"server writes and deletes only inside {root}. Replace the link with a folder, "
+            "or point --hf-cache-dir at the folder it leads to"
+        )
+        self.path = path
 
 
 class RepoCache:
@@ -70,7 +85,7 @@ class RepoCache:
     def check_inside(self, path: str) -> None:
         real = os.path.realpath(path)
         if real != self.root and not real.startswith(self.root + os.sep):
-            raise OutsideCache(path)
+            raise OutsideCache(path, self.root)
 
     def link(self, commit: str, name: str, digest: Digest) -> None:
         """snapshots/<commit>/<name> -> the blob, replaced atomically if it was there."""
@@ -102,15 +117,77 @@ class RepoCache:
         path = os.path.join(self.folder, "refs", revision)
         self.make_parent(path)
         temporary = f"{path}.{uuid.uuid4().hex}.ref"
-        with open(temporary, "w") as file:
+        flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+        with os.fdopen(os.open(temporary, flags, 0o644), "w") as file:
             file.write(commit)
-        os.replace(temporary, path)
+        os.replace(temporary, path)  # replaces a link planted there, never its target
+
+
+def planted(path: str) -> str | None:
+    """What makes an entry the cache would write through not its own: a symbolic
+    link, something other than a file, a file with other names. None if it is fine
+    (or absent)."""
+    try:
+        info = os.lstat(path)
+    except FileNotFoundError:
+        return None
+    if stat.S_ISLNK(info.st_mode):
+        return "a symbolic link"
+    if not stat.S_ISREG(info.st_mode):
+        return "not a regular file"
+    if info.st_nlink != 1:
+        return f"a file with {info.st_nlink} names (a hard link)"
+    return None
+
+
+def drop_planted(path: str) -> None:
+    """Remove what `planted` found at `path` (the link itself, never what it leads to)."""
+    why = planted(path)
+    if why is None:
+        return
+    if why == "not a regular file":
+        raise AccessDenied(
+            f"{path} in the hub cache is not a regular file: this server will not write "
+            "through it; remove it"
+        )
+    remove(path)
+    log.warning("removed a link planted in the hub cache", path=path, was=why)
+
+
+def open_partial(path: str) -> BinaryIO:
+    """A partial file to write, the cache's own: created, or one an earlier pull left.
+    A link planted in its place is removed and the file started afresh; one planted
+    between the check and the opening is refused."""
+    drop_planted(path)
+    flags = os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC
+    try:
+        descriptor = os.open(path, flags, 0o644)
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            raise AccessDenied(f"{path} in the hub cache became a link: not written") from exc
+        raise
+    info = os.fstat(descriptor)
+    if not stat.S_ISREG(info.st_mode) or info.st_nlink != 1:
+        os.close(descriptor)
+        raise AccessDenied(f"{path} in the hub cache gained another name: not written")
+    return os.fdopen(descriptor, "r+b")
+
+
+def file_size(path: str) -> int | None:
+    """The size of a file the cache may use as its own (not a link); None otherwise."""
+    if planted(path) is not None:
+        return None
+    try:
+        return os.lstat(path).st_size
+    except FileNotFoundError:
+        return None
 
 
 def hash_file(path: str, hasher: Hasher, limit: int | None = None) -> int:
-    """Feed a file's bytes (its first `limit`) to `hasher`; the count fed."""
+    """Feed a file's bytes (its first `limit`) to `hasher`; the count fed. A link is
+    not followed (OSError)."""
     fed = 0
-    with open(path, "rb") as file:
+    with os.fdopen(os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC), "rb") as file:
         while limit is None or fed < limit:
             want = _READ_BLOCK if limit is None else min(_READ_BLOCK, limit - fed)
             block = file.read(want)
@@ -122,9 +199,11 @@ def hash_file(path: str, hasher: Hasher, limit: int | None = None) -> int:
 
 
 def verified(path: str, size: int, digest: Digest) -> bool:
-    """Whether a file holds exactly the `size` bytes that hash to `digest`."""
+    """Whether a file (not a link to one) holds exactly the `size` bytes that hash to
+    `digest`."""
     try:
-        if os.path.getsize(path) != size:
+        info = os.lstat(path)
+        if not stat.S_ISREG(info.st_mode) or info.st_size != size:
             return False
         hasher = digest.hasher(size)
         hash_file(path, hasher)

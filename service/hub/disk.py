@@ -5,6 +5,7 @@ late, having filled the disk. So each transfer reserves the bytes it still
 has to write, and a new one starts only if it fits in what is free beside
 those promises. A disk that fills anyway (something else wrote to it) is the
 local disk's fault, and says so: RESOURCE_EXHAUSTED naming the file system.
+The other ways the disk says no name their cause too (`cache_failure`).
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ import shutil
 import threading
 from pathlib import Path
 
-from service.errors import Overloaded
+from service.errors import Aborted, NotSupported, Overloaded, ServiceError
 
 # Errors that mean "no room": the disk, or the user's quota on it.
 NO_ROOM = (errno.ENOSPC, errno.EDQUOT)
@@ -55,6 +56,31 @@ def disk_full(cache_dir: Path | str, what: str) -> Overloaded:
         f"system mounted at {mount_point(cache_dir)}) is full; free space there or point "
         "--hf-cache-dir at a larger one, then pull again"
     )
+
+
+def cache_failure(exc: OSError, cache_dir: Path | str, what: str) -> ServiceError | None:
+    """What an error of the cache's file system means for a pull, with what to do;
+    None for an error that is not the cache's to explain."""
+    where = exc.filename or os.path.realpath(cache_dir)
+    if exc.errno in NO_ROOM:
+        return disk_full(cache_dir, what)
+    if exc.errno == errno.EROFS:
+        return NotSupported(
+            f"{what}: the hub cache ({os.path.realpath(cache_dir)}) is on a read-only file "
+            f"system (mounted at {mount_point(cache_dir)}); point --hf-cache-dir (or "
+            "HF_HUB_CACHE) at a writable folder, e.g. a volume"
+        )
+    if exc.errno in (errno.EACCES, errno.EPERM):
+        return NotSupported(
+            f"{what}: this server (uid {os.getuid()}) may not write {where} in the hub cache; "
+            "give it write access there, or point --hf-cache-dir at a folder it may write"
+        )
+    if exc.errno in (errno.ENOENT, errno.ENOTDIR):
+        return Aborted(
+            f"{what}: {where} disappeared from the hub cache while the pull was writing it "
+            "(another server or `hf cache delete` removed it?); retry the pull"
+        )
+    return None
 
 
 class Reservations:

@@ -34,13 +34,24 @@ from typing import BinaryIO
 from urllib.parse import quote
 
 import httpx2
+import structlog
 from filelock import FileLock, Timeout
 
 from service.errors import DataLoss, ModelNotFound, Unavailable, excerpt
-from service.hub.cache import RepoCache, hash_file, remove, verified
+from service.hub.cache import (
+    RepoCache,
+    drop_planted,
+    file_size,
+    hash_file,
+    open_partial,
+    remove,
+    verified,
+)
 from service.hub.client import HubClient, refusal_of
 from service.hub.disk import NO_ROOM, disk_full
 from service.hub.trust import Digest, Hasher, check_etag
+
+log = structlog.get_logger("hub")
 
 # Attempts at one file within one pull, and the pause before each retry.
 ATTEMPTS = 4
@@ -90,6 +101,9 @@ class FileFetch:
         """The blob's lock, waited for while the pull still has a caller."""
         path = self.cache.lock(digest)
         self.cache.make_parent(path)
+        if os.path.islink(path):  # filelock refuses a link (ELOOP): one planted goes
+            remove(path)
+            log.warning("removed a link planted in the hub cache", path=path)
         lock = FileLock(path)
         while True:
             try:
@@ -227,10 +241,10 @@ class FileFetch:
     ) -> None:
         """Write the body after the partial's first `start` bytes, no further than the size."""
         try:
-            with open(partial, "r+b" if os.path.exists(partial) else "wb") as out:
+            with open_partial(partial) as out:
                 out.seek(start)
                 out.truncate()
-                self._copy(file, response, out, start, hasher)
+                self._copy(file, response, out, start, hasher, partial)
         except OSError as exc:
             if exc.errno in NO_ROOM:
                 remove(partial)  # the disk is full for everyone: give the space back
@@ -240,7 +254,13 @@ class FileFetch:
             raise _Retry(f"{type(exc).__name__}: {exc}") from exc
 
     def _copy(
-        self, file: HubFile, response: httpx2.Response, out: BinaryIO, start: int, hasher: Hasher
+        self,
+        file: HubFile,
+        response: httpx2.Response,
+        out: BinaryIO,
+        start: int,
+        hasher: Hasher,
+        partial: str,
     ) -> None:
         """The body into the file and the hash, as it arrives."""
         written = start
@@ -251,7 +271,7 @@ class FileFetch:
                 raise Cancelled()
             if written + len(chunk) > file.size:
                 out.close()
-                remove(out.name)
+                remove(partial)
                 raise DataLoss(
                     f"the hub sent more than the {file.size} bytes it lists for "
                     f"{excerpt(file.name)} of {excerpt(self.repo_id)}: the copy was deleted. "
@@ -267,11 +287,10 @@ class FileFetch:
 
 
 def _partial_size(partial: str, size: int) -> int:
-    """Bytes an earlier attempt left, or 0 (a partial longer than the file is dropped)."""
-    try:
-        have = os.path.getsize(partial)
-    except FileNotFoundError:
-        return 0
+    """Bytes an earlier attempt left, or 0 (a partial longer than the file is dropped,
+    and so is a link planted in its place: removed as a link, nothing followed)."""
+    drop_planted(partial)
+    have = file_size(partial) or 0
     if have > size:
         remove(partial)
         return 0

@@ -24,9 +24,9 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from service.errors import excerpt
-from service.hub.cache import RepoCache, remove, verified
+from service.hub.cache import RepoCache, file_size, remove, verified
 from service.hub.client import HubAccess, HubClient
-from service.hub.disk import Reservations
+from service.hub.disk import Reservations, cache_failure
 from service.hub.download import Download
 from service.hub.fetch import FileFetch, HubFile
 from service.hub.trust import check_revision
@@ -151,11 +151,21 @@ class _Transfer:
 
     def _run(self) -> None:
         try:
-            self._fetch_all()
+            self._fetch_all_explained()
         except BaseException as exc:  # the followers raise it; the thread ends quietly
             self._publish(replace(self.state, error=exc, finished=True))
         else:
             self._publish(replace(self.state, finished=True))
+
+    def _fetch_all_explained(self) -> None:
+        """The transfer, with what the cache's file system refused said plainly."""
+        try:
+            self._fetch_all()
+        except OSError as exc:
+            failure = cache_failure(exc, self.cache.root, f"pulling {excerpt(str(self.hub))}")
+            if failure is None:
+                raise
+            raise failure from exc
 
     def _fetch_all(self) -> None:
         download = self.download
@@ -249,10 +259,7 @@ def _resolve(done: asyncio.Future[None]) -> None:
 
 def _kept_bytes(cache: RepoCache, file: HubFile) -> int:
     """Bytes of the file an earlier pull left in its partial file (0 if none)."""
-    try:
-        return min(os.path.getsize(cache.partial(file.digest)), file.size)
-    except OSError:
-        return 0
+    return min(file_size(cache.partial(file.digest)) or 0, file.size)
 
 
 def _marks_complete(name: str) -> bool:

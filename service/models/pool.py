@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import os
 import time
 from collections import Counter, deque
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -86,6 +87,8 @@ class LoadedModel:
     device_bytes: int = 0  # GPU memory, likewise
     last_used: float = field(default_factory=time.time)
     active_requests: int = 0
+    # The file or folder it was loaded from (a hub model's, under its snapshot).
+    path: str | None = None
     # Set when the backend failed mid-request or its engine died; the model is
     # then out of the pool.
     broken: bool = False
@@ -434,6 +437,7 @@ class ModelPool:
         seconds = time.monotonic() - started
         self.stats.load_seconds[spec.name] = self.stats.load_seconds.get(spec.name, 0.0) + seconds
         model = LoadedModel(spec, engine, need.host_bytes, capability, need.device_bytes)
+        model.path = str(source.path)
         loaded.append(model)
         self._measure(model)
         self.stats.loads[spec.name] = self.stats.loads.get(spec.name, 0) + 1
@@ -577,6 +581,21 @@ class ModelPool:
     def _touch(self, model: LoadedModel) -> None:
         self._loaded.pop(model.name)
         self._loaded[model.name] = model  # most recently used last
+
+    async def release_files(self, folder: str, why: str) -> list[str]:
+        """Unload the models loaded from files under `folder` (their engines let go of
+        the files); NotSupported naming those still serving requests, left loaded."""
+        inside = folder.rstrip(os.sep) + os.sep
+        using = [m for m in self._loaded.values() if (m.path or "").startswith(inside)]
+        busy = [m for m in using if m.active_requests]
+        if busy:
+            names = ", ".join(f"{m.name!r} ({m.active_requests} requests)" for m in busy)
+            raise NotSupported(
+                f"{names} is loaded from these files and serving: {why} waits until it is "
+                "idle; retry then"
+            )
+        await self._evict([m.name for m in using], why)
+        return [m.name for m in using]
 
     # --- keep-alive -----------------------------------------------------------------
 

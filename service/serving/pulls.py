@@ -15,7 +15,7 @@ from pathlib import Path
 
 from service.admission import Capability, Decision
 from service.errors import InvalidRequest, NotSupported, excerpt
-from service.hub.inventory import CachedModel, cached_models, delete_cached
+from service.hub.inventory import CachedModel, cached_models, delete_cached, snapshot_folder
 from service.hub.pull import Puller, PullState
 from service.model_source import HubReference, ModelSource
 from service.models.catalog import ModelSpec
@@ -91,6 +91,11 @@ class Pulls:
             raise NotSupported(
                 f"{excerpt(hub.repo_id)} is being pulled: delete it once the pull has ended"
             )
+        # A loaded model's engine keeps its files mapped: deleting them would free
+        # nothing while it runs, and leave it serving from a deleted file.
+        folder = await asyncio.to_thread(snapshot_folder, self.cache_dir, hub)
+        if folder is not None:
+            await self._pool.release_files(folder, f"deleting {excerpt(str(hub))}")
         return await asyncio.to_thread(delete_cached, self.cache_dir, hub)
 
     async def _resolve(self, model: str) -> tuple[ModelSpec, ModelSource]:
