@@ -75,6 +75,10 @@ def test_a_stream_that_cannot_send_is_cancelled_with_its_generation() -> None:
         assert refused.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
         # Past the send deadline both are cancelled, and the server serves again.
         _wait_for(lambda: _load(stub).running == 0, "the stalled streams to be cancelled")
+        stalled_total = running.server.metrics.registry.get_sample_value(
+            "inference_streams_stalled_total", {"rpc": "Generate"}
+        )
+        assert stalled_total == 2
         _served(stub, SMOLLM)
 
 

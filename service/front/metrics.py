@@ -44,6 +44,11 @@ class Metrics(ServedRegistry):
         self.in_flight = Gauge(
             "inference_rpcs_in_flight", "RPCs being served now.", ["rpc"], registry=self.registry
         )
+        self.stalled = Counter(
+            "inference_streams_stalled",
+            "Streams given up because their client took nothing for --send-stall-seconds, "
+            "by method (gRPC and HTTP alike).", ["rpc"], registry=self.registry,
+        )  # fmt: skip
         self.ttft = Histogram(
             "inference_time_to_first_token_seconds",
             "From a Generate request reaching the server to its first token.", ["model"],
@@ -73,6 +78,9 @@ class Metrics(ServedRegistry):
         self.in_flight.labels(rpc).dec()
         self.rpcs.labels(rpc, self._known(model), code).inc()
         self.rpc_seconds.labels(rpc).observe(seconds)
+
+    def stream_stalled(self, rpc: str) -> None:
+        self.stalled.labels(rpc).inc()
 
     def _known(self, model: str) -> str:
         """`model` if the server knows it, else "": a label for every name a client

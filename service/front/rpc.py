@@ -149,28 +149,46 @@ async def _decoded(servicer: Observed, request: Any) -> Any:
 
 
 @contextmanager
-def _send_deadline(seconds: float, outcome: _RpcOutcome) -> Iterator[None]:
-    """Cancel the RPC if one message cannot be written within `seconds`.
+def send_deadline(
+    seconds: float,
+    method: str,
+    summary: Summary,
+    metrics: Metrics | None,
+    give_up: Callable[[], object],
+) -> Iterator[None]:
+    """Give a stream up if one send, the block within, has not ended within `seconds`.
 
-    gRPC writes a yielded message while the handler is suspended at its yield; a
-    client that grants no flow-control window (or stops reading) would keep it
-    there, and the RPC open, for as long as its connection lives. Cancelling
-    the RPC's task ends the server's side of the stream and, through the
-    handler's cleanup, whatever was still producing for it. (A client that
-    reads nothing may never see the status: it waits behind the message.)"""
-    task = asyncio.current_task()
-    assert task is not None
-    timer = asyncio.get_running_loop().call_later(seconds, _stalled, task, outcome, seconds)
+    Sends wait on the client: gRPC writes a yielded message while the handler is
+    suspended at its yield, and an HTTP response's write waits for the socket to
+    take it. A client that reads nothing (an HTTP/2 window of 0, an HTTP/1.1
+    reader that stops) would keep the stream there, and its request open, for as
+    long as its connection lives. Past `seconds` the summary line says why, the
+    log warns, the metric counts it, and `give_up` ends the stream (cancels its
+    task; over HTTP, drops the connection too), which through the handler's
+    cleanup stops whatever was still producing for it. (A client that reads
+    nothing may never see why: it waits behind what it did not read.) Both
+    ports send this way, behind `service.serving.outbox`'s buffer."""
+    timer = asyncio.get_running_loop().call_later(
+        seconds, _stalled, seconds, method, summary, metrics, give_up
+    )
     try:
         yield
     finally:
         timer.cancel()
 
 
-def _stalled(task: asyncio.Task[Any], outcome: _RpcOutcome, seconds: float) -> None:
-    outcome.summary["error"] = f"the client took no message for {seconds:g} s"
-    log.warning("stream stalled", rpc=outcome.method, seconds=seconds)
-    task.cancel()
+def _stalled(
+    seconds: float,
+    method: str,
+    summary: Summary,
+    metrics: Metrics | None,
+    give_up: Callable[[], object],
+) -> None:
+    summary["error"] = f"the client took no message for {seconds:g} s"
+    log.warning("stream stalled", rpc=method, seconds=seconds)
+    if metrics is not None:
+        metrics.stream_stalled(method)
+    give_up()
 
 
 def unary_rpc(
@@ -203,11 +221,16 @@ def stream_rpc(
         self: Servicer, request: Request, context: Context
     ) -> AsyncIterator[Response]:
         outcome = _RpcOutcome(method.__name__, self.metrics)
+        task = asyncio.current_task()
+        assert task is not None
         try:
             outcome.begin(context, self.auth)
             async for response in method(self, await _decoded(self, request), outcome.summary):
                 await outcome.answering(context)
-                with _send_deadline(self.send_stall_seconds, outcome):
+                seconds = self.send_stall_seconds
+                with send_deadline(
+                    seconds, outcome.method, outcome.summary, self.metrics, task.cancel
+                ):
                     yield response
         except (asyncio.CancelledError, GeneratorExit):
             outcome.cancelled(context)
