@@ -170,6 +170,13 @@ class ServerSettings(BaseModel):
         "/v1/completions, /v1/models) on HOST:PORT, with the gRPC port's token and TLS "
         "(off when unset).",
     )
+    http_body_seconds: float = Field(
+        default=30.0,
+        gt=0,
+        description="Seconds an HTTP request's body may take to arrive once its headers have "
+        "(it holds no slot meanwhile); past it the request is answered 408 and its "
+        "connection closed.",
+    )
     grace_period: float = Field(
         default=10.0,
         ge=0,
@@ -439,7 +446,9 @@ class LimitSettings(BaseModel):
         default=30.0,
         gt=0,
         description="A stream that cannot send one message to its client for this long (the "
-        "client reads nothing) is cancelled, and so is its generation.",
+        "client reads nothing) is cancelled, and so is its generation; over HTTP, an event "
+        "stream or a whole answer the socket cannot take for this long, and its connection "
+        "is dropped.",
     )
     max_prompt_bytes: ByteSize = Field(
         default=ByteSize(1 << 20),

@@ -179,6 +179,8 @@ class InferenceServer:
                 metrics=self.metrics,
                 max_body_bytes=int(settings.max_receive_message_bytes),
                 serving=self.health.serving,
+                send_stall_seconds=settings.send_stall_seconds,
+                body_seconds=settings.http_body_seconds,
             )
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self._server)
         reflection.enable_server_reflection(SERVICE_NAMES, self._server)

@@ -9,7 +9,9 @@ at most `max_bytes`; the handler writes them out as the client takes them.
 When the generation ends, it lets go of its slot at once, whatever the
 client has read; while the buffer is full it waits (the generation pauses),
 and a stream that cannot write at all is cancelled by `service.front.rpc`'s send
-deadline, which stops the generation with it.
+deadline, which stops the generation with it. Both ports read Generate through
+here: the OpenAI-compatible HTTP port writes each choice's events from this
+buffer, under the same send deadline.
 """
 
 from __future__ import annotations

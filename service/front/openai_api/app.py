@@ -13,6 +13,15 @@ OpenAI's JSON error with the matching HTTP status, also for a path or method it
 does not serve. A client that disconnects cancels its handler (aiohttp's handler
 cancellation), and with it the generation. `/health` answers HTTP-only probes
 and load balancers without a token, as grpc.health.v1 does on the gRPC port.
+
+Responses keep the gRPC port's send discipline. The generation runs ahead of
+its client by the servicer's bounded buffer (`service.serving.outbox`), so it
+lets go of its slot and its model when it ends, and pauses while the buffer is
+full. Each write, streamed or a whole answer, waits until the socket has taken
+it (no other bytes wait in the process) within `--send-stall-seconds`
+(`service.front.rpc.send_deadline`); past it the connection is dropped and the
+request cancelled. A request body must all arrive within `--http-body-seconds`,
+before the request takes a slot; else 408 and the connection closes.
 """
 
 from __future__ import annotations
@@ -29,9 +38,17 @@ from typing import TYPE_CHECKING, Any
 import grpc
 import structlog
 from aiohttp import web
+from aiohttp.typedefs import Middleware
 
 from inference.v1 import inference_pb2 as pb
-from service.errors import InvalidRequest, ModelNotFound, ServiceError, Unavailable, excerpt
+from service.errors import (
+    InvalidRequest,
+    ModelNotFound,
+    ServiceError,
+    TimedOut,
+    Unavailable,
+    excerpt,
+)
 from service.front.openai_api.errors import described, error_body, http_status
 from service.front.openai_api.requests import (
     Body,
@@ -44,6 +61,7 @@ from service.front.openai_api.requests import (
     wants_usage_in_stream,
 )
 from service.front.openai_api.responses import Reply, usage_chunk_of, whole_of
+from service.front.rpc import send_deadline
 from service.request_id import METADATA_KEY, request_id_from
 
 if TYPE_CHECKING:
@@ -79,14 +97,19 @@ class OpenAiHttp:
         metrics: Metrics | None,
         max_body_bytes: int,
         serving: Callable[[], bool] = lambda: True,
+        send_stall_seconds: float = 30.0,
+        body_seconds: float = 30.0,
     ) -> None:
         self._generate = generate
         self._list_models = list_models
         self._auth = auth
         self._metrics = metrics
         self._serving = serving
+        self._send_stall_seconds = send_stall_seconds
+        self._body_seconds = body_seconds
         self._app = web.Application(
-            client_max_size=max_body_bytes, middlewares=[_unserved_as_openai_errors]
+            client_max_size=max_body_bytes,
+            middlewares=[_sent_within(send_stall_seconds, metrics), _unserved_as_openai_errors],
         )
         self._app.add_routes(
             [
@@ -143,7 +166,7 @@ class OpenAiHttp:
         translate: Translate = chat_request if chat else completion_request
 
         async def work(outcome: _Outcome) -> web.StreamResponse:
-            body = await _json_body(request)
+            body = await _json_body(request, self._body_seconds)
             generation = translate(body)
             count = choice_count(body)
             replies = [
@@ -165,7 +188,7 @@ class OpenAiHttp:
                 _summarize_choices(summaries)
 
         name = "ChatCompletions" if chat else "Completions"
-        return await _Outcome(name, request, self._auth, self._metrics).answer(self._counted(work))
+        return await self._outcome(name, request).answer(self._counted(work))
 
     async def _models(self, request: web.Request) -> web.StreamResponse:
         async def work(outcome: _Outcome) -> web.StreamResponse:
@@ -173,7 +196,7 @@ class OpenAiHttp:
             models = [_model_object(m) for m in listed.models]
             return outcome.json({"object": "list", "data": models})
 
-        return await _Outcome("Models", request, self._auth, self._metrics).answer(work)
+        return await self._outcome("Models", request).answer(work)
 
     async def _model(self, request: web.Request) -> web.StreamResponse:
         """One model, as the SDK's `models.retrieve` asks for it."""
@@ -188,7 +211,7 @@ class OpenAiHttp:
                 f"no model {excerpt(name)} is served here; GET /v1/models lists them"
             )
 
-        return await _Outcome("Models", request, self._auth, self._metrics).answer(work)
+        return await self._outcome("Models", request).answer(work)
 
     async def _health(self, request: web.Request) -> web.StreamResponse:
         """200 while the server serves (its default model loaded, not draining), else 503:
@@ -196,6 +219,9 @@ class OpenAiHttp:
         if self._serving() and not self._draining:
             return web.json_response({"status": "ok"})
         return web.json_response({"status": "unavailable"}, status=503)
+
+    def _outcome(self, method: str, request: web.Request) -> _Outcome:
+        return _Outcome(method, request, self._auth, self._metrics, self._send_stall_seconds)
 
     def _counted(self, work: Work) -> Work:
         """`work`, refused while draining and counted while it runs."""
@@ -210,11 +236,16 @@ class OpenAiHttp:
         return counted
 
 
-async def _json_body(request: web.Request) -> Body:
+async def _json_body(request: web.Request, seconds: float) -> Body:
+    """The body, all of it within `seconds`: a client that sends it a byte at a time,
+    or never, is answered 408 and its connection closed. No slot is held meanwhile."""
     try:
-        raw = await request.read()
+        async with asyncio.timeout(seconds):
+            raw = await request.read()
     except web.HTTPRequestEntityTooLarge as exc:
         raise BodyTooLarge(exc.text or "the request body is too large") from exc
+    except TimeoutError:
+        raise BodyTooSlow(f"the request body did not all arrive within {seconds:g} s") from None
     return parse_body(raw)
 
 
@@ -222,12 +253,21 @@ class BodyTooLarge(InvalidRequest):
     """Answered with 413, as OpenAI's API does; INVALID_ARGUMENT in the metrics."""
 
 
+class BodyTooSlow(TimedOut):
+    """Answered with 408 and the connection closed; DEADLINE_EXCEEDED in the metrics."""
+
+
 class _Outcome:
     """One HTTP request's id, bearer token, summary line and metrics, and the
     answer to an error: OpenAI's error JSON, or an error event once a stream began."""
 
     def __init__(
-        self, method: str, request: web.Request, auth: BearerAuth | None, metrics: Metrics | None
+        self,
+        method: str,
+        request: web.Request,
+        auth: BearerAuth | None,
+        metrics: Metrics | None,
+        send_stall_seconds: float,
     ) -> None:
         self.method = method
         self.summary: Summary = {}
@@ -235,6 +275,7 @@ class _Outcome:
         self._request = request
         self._auth = auth
         self._metrics = metrics
+        self._stall_seconds = send_stall_seconds
         self._started = time.monotonic()
         self._stream: web.StreamResponse | None = None
 
@@ -248,15 +289,21 @@ class _Outcome:
                 self._auth.check(
                     [("authorization", self._request.headers.get("Authorization", ""))]
                 )
-            response = await work(self)
+            response = await self._sent(await work(self))
+        except ConnectionError:  # it went away while it was sent: as if it disconnected
+            self._finish_cancelled()
+            raise asyncio.CancelledError from None
         except Exception as exc:
             return await self._failed(exc)
-        except BaseException:  # cancelled: the client went away, and the generation with it
-            self.summary["error"] = "the client disconnected"
-            self._finish(grpc.StatusCode.CANCELLED)
+        except BaseException:  # cancelled: the client went away (or stalled), and the generation
+            self._finish_cancelled()
             raise
         self._finish(grpc.StatusCode.OK)
         return response
+
+    def _finish_cancelled(self) -> None:
+        self.summary.setdefault("error", "the client disconnected")  # or the stall's reason
+        self._finish(grpc.StatusCode.CANCELLED)
 
     async def _failed(self, exc: Exception) -> web.StreamResponse:
         code, message = described(exc)
@@ -265,15 +312,60 @@ class _Outcome:
         self.summary["error"] = message
         self._finish(code)
         body = error_body(message, code)
-        if self._stream is not None:  # the stream began: the error is its last event
-            await _send_event(self._stream, body)
-            await self._stream.write_eof()
-            return self._stream
-        status = 413 if isinstance(exc, BodyTooLarge) else http_status(code)
-        return web.json_response(body, status=status, headers={METADATA_KEY: self.request_id})
+        try:
+            if self._stream is not None:  # the stream began: the error is its last event
+                await self._send(_event(body))
+                with self._sending():
+                    await self._stream.write_eof()
+                return self._stream
+            status = _ERROR_STATUS.get(type(exc), http_status(code))
+            response = web.json_response(
+                body, status=status, headers={METADATA_KEY: self.request_id}
+            )
+            if isinstance(exc, BodyTooSlow):
+                return await self._closing(response)
+            return await self._sent(response)
+        except ConnectionError:  # the client is gone: aiohttp ends the connection
+            return self._stream or web.Response()
+
+    async def _closing(self, response: web.StreamResponse) -> web.StreamResponse:
+        """`response`, then the connection closed at once: the rest of a body too slow
+        to come would come as slowly (aiohttp would wait a while for it), and it is no
+        request to read."""
+        response.force_close()  # it says `Connection: close`
+        await self._sent(response)
+        self._request.protocol.force_close()
+        return response
 
     def json(self, body: dict[str, Any]) -> web.Response:
         return web.json_response(body, headers={METADATA_KEY: self.request_id})
+
+    def _sending(self) -> contextlib.AbstractContextManager[None]:
+        """The send-stall bound on one send of this request's response."""
+        return send_deadline(
+            self._stall_seconds,
+            self.method,
+            self.summary,
+            self._metrics,
+            functools.partial(_drop, self._request),
+        )
+
+    async def _sent(self, response: web.StreamResponse) -> web.StreamResponse:
+        """A whole answer, sent here within the send-stall bound rather than by aiohttp
+        after the handler without one."""
+        if not response.prepared:
+            with self._sending():
+                await response.prepare(self._request)
+                await response.write_eof()  # waits until the socket has taken it all
+        return response
+
+    async def _send(self, data: bytes) -> None:
+        """One write of the event stream, ended when the socket has taken it: the
+        generation's buffer, not the connection's, holds what the client has not read."""
+        with self._sending():
+            stream = await self._begun()
+            await stream.write(data)
+            await self._request.writer.drain()
 
     async def stream(
         self, replies: list[Reply], choices: list[Events], with_usage: bool
@@ -286,14 +378,15 @@ class _Outcome:
         async def send(index: int, event: pb.GenerateResponse) -> None:
             for chunk in replies[index].chunks(event):
                 async with writing:
-                    await _send_event(await self._begun(), chunk)
+                    await self._send(_event(chunk))
 
         await _each_event(choices, send)
-        stream = await self._begun()
         if with_usage:
-            await _send_event(stream, usage_chunk_of(replies))
-        await stream.write(b"data: [DONE]\n\n")
-        await stream.write_eof()
+            await self._send(_event(usage_chunk_of(replies)))
+        await self._send(b"data: [DONE]\n\n")
+        stream = await self._begun()
+        with self._sending():
+            await stream.write_eof()
         return stream
 
     async def _begun(self) -> web.StreamResponse:
@@ -376,5 +469,41 @@ async def _unserved_as_openai_errors(request: web.Request, handler: Handler) -> 
         return web.json_response(error_body(message, code), status=exc.status, headers=allowed)
 
 
-async def _send_event(stream: web.StreamResponse, chunk: dict[str, Any]) -> None:
-    await stream.write(b"data: " + json.dumps(chunk, separators=(",", ":")).encode() + b"\n\n")
+def _event(chunk: dict[str, Any]) -> bytes:
+    return b"data: " + json.dumps(chunk, separators=(",", ":")).encode() + b"\n\n"
+
+
+_ERROR_STATUS: dict[type[Exception], int] = {BodyTooLarge: 413, BodyTooSlow: 408}
+
+
+def _drop(request: web.BaseRequest) -> None:
+    """Give a stalled client up: its connection goes at once (what it did not read is
+    dropped, not kept to flush for ever) and its handler is cancelled, with the generation."""
+    if request.transport is not None:
+        request.transport.abort()
+    request.task.cancel()
+
+
+def _sent_within(seconds: float, metrics: Metrics | None) -> Middleware:
+    """Every response is sent within the send-stall bound: this sends those no handler
+    sent itself (/health, paths not served). And a connection keeps no bytes of its
+    own for a client that does not read: a write (its drain) waits until the socket
+    has taken them all, not only most."""
+
+    @web.middleware
+    async def sent(request: web.Request, handler: Handler) -> web.StreamResponse:
+        if request.transport is not None:
+            request.transport.set_write_buffer_limits(high=0)
+        response = await handler(request)
+        if response.prepared:
+            return response
+        give_up = functools.partial(_drop, request)
+        try:
+            with send_deadline(seconds, "HTTP", {}, metrics, give_up):
+                await response.prepare(request)
+                await response.write_eof()
+        except ConnectionError:  # the client is gone: aiohttp ends the connection
+            pass
+        return response
+
+    return sent
