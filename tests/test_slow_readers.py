@@ -18,7 +18,15 @@ import pytest
 
 from inference.v1 import inference_pb2 as pb
 from inference.v1 import inference_pb2_grpc as pb_grpc
-from tests.conftest import GEMMA, SMOLLM, collect, finished_of, make_settings, serving
+from tests.conftest import (
+    GEMMA,
+    SMOLLM,
+    RunningServer,
+    collect,
+    finished_of,
+    make_settings,
+    serving,
+)
 from tests.h2_stall import StalledStreams
 
 GENERATE = "/inference.v1.Inference/Generate"
@@ -35,6 +43,13 @@ def _wait_for(condition: Callable[[], bool], what: str, timeout: float = 30) -> 
 def _load(stub: pb_grpc.InferenceStub) -> pb.ServerLoad:
     reply: pb.ListModelsResponse = stub.ListModels(pb.ListModelsRequest())
     return reply.load
+
+
+def _stalled_count(running: RunningServer) -> float | None:
+    labels = {"rpc": "Generate"}
+    return running.server.metrics.registry.get_sample_value(
+        "inference_streams_stalled_total", labels
+    )
 
 
 def _served(stub: pb_grpc.InferenceStub, model: str) -> None:
@@ -75,10 +90,7 @@ def test_a_stream_that_cannot_send_is_cancelled_with_its_generation() -> None:
         assert refused.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
         # Past the send deadline both are cancelled, and the server serves again.
         _wait_for(lambda: _load(stub).running == 0, "the stalled streams to be cancelled")
-        stalled_total = running.server.metrics.registry.get_sample_value(
-            "inference_streams_stalled_total", {"rpc": "Generate"}
-        )
-        assert stalled_total == 2
+        _wait_for(lambda: _stalled_count(running) == 2, "both to be counted as stalled")
         _served(stub, SMOLLM)
 
 

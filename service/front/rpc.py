@@ -221,12 +221,13 @@ def stream_rpc(
         self: Servicer, request: Request, context: Context
     ) -> AsyncIterator[Response]:
         outcome = _RpcOutcome(method.__name__, self.metrics)
-        task = asyncio.current_task()
-        assert task is not None
         try:
             outcome.begin(context, self.auth)
             async for response in method(self, await _decoded(self, request), outcome.summary):
                 await outcome.answering(context)
+                # The task writing this message: not always the one that began the RPC.
+                task = asyncio.current_task()
+                assert task is not None
                 seconds = self.send_stall_seconds
                 with send_deadline(
                     seconds, outcome.method, outcome.summary, self.metrics, task.cancel
