@@ -140,6 +140,18 @@ def row_candidates(params: SamplingParams) -> int:
     return _candidates_wanted(params) + (PENALTY_WINDOW if params.penalized else 0)
 
 
+def sample_from_candidates(ids: Tokens, values: Floats, rows: Sequence[Row]) -> list[int]:
+    """One token for each row from its best logits found elsewhere (in llama.cpp's
+    graph: service/backends/llama_cpp/graph_sampling.py), at least `row_candidates` of
+    them a row: in C where it was built, else in numpy. The same token as from the
+    whole row."""
+    if native_sampler.available():
+        return native_sampler.draw_candidates(
+            ids, values, native_settings(rows), native_recent(rows)
+        )
+    return sample_candidates(ids.astype(np.int64), values, rows)
+
+
 def sample_candidates(ids: Ints, values: Floats, rows: Sequence[Row]) -> list[int]:
     """One token for each row, from its best `candidates_needed` logits (ids and
     values, a row each, in any order)."""

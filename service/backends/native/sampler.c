@@ -362,6 +362,45 @@ static double uniform(double seed, double draw) {
     return (double)(z >> 11) * 0x1.0p-53;
 }
 
+/* The candidates a row's draw reads: its top_k, and the penalty window's worth more
+   when a penalty applies (a penalized candidate may fall out of the top_k), at most
+   `most`. */
+static int64_t row_width(const double *own, int has_recent, int64_t window, int64_t most) {
+    const int greedy = own[TEMPERATURE] == 0;
+    const int64_t top_k = greedy ? 1 : (int64_t)own[TOP_K];
+    const int penalized = has_recent && ((float)own[REPEAT_PENALTY] != 1.0f ||
+                                         (float)own[PRESENCE_PENALTY] != 0.0f ||
+                                         (float)own[FREQUENCY_PENALTY] != 0.0f);
+    int64_t width = top_k + (penalized ? window : 0);
+    if (width > most) width = most;
+    return width < 1 ? 1 : width;
+}
+
+/* The token a row draws from its `found` candidates (penalties not yet applied): the
+   penalties, top-k, the sort, top-p, min-p, the temperature and the seeded draw. A row
+   without candidates (all NaN) gets token 0. */
+static int64_t finish_row(Candidate *items, int64_t found, const double *own,
+                          const int32_t *recent, int64_t window, double *work) {
+    if (found == 0) return 0;
+    const int greedy = own[TEMPERATURE] == 0;
+    const int64_t top_k = greedy ? 1 : (int64_t)own[TOP_K];
+    const float repeat = (float)own[REPEAT_PENALTY];
+    const float presence = (float)own[PRESENCE_PENALTY];
+    const float frequency = (float)own[FREQUENCY_PENALTY];
+    if (recent != NULL && (repeat != 1.0f || presence != 0.0f || frequency != 0.0f)) {
+        penalize(items, found, recent, window, repeat, presence, frequency);
+    }
+    int64_t ranked = top_k < found ? top_k : found;
+    if (ranked < found) select_largest(items, found, ranked);
+    sort_descending(items, ranked);
+    int64_t pick = 0;
+    if (!greedy) {
+        int64_t kept = kept_count(items, ranked, own[TOP_P], own[MIN_P], work);
+        pick = draw(items, kept, own[TEMPERATURE], uniform(own[SEED], own[DRAW]), work);
+    }
+    return items[pick].id;
+}
+
 /*
  * One token for each of `rows` rows of `columns` logits (rows `stride` floats apart)
  * into tokens[row], by that row's `settings` (SETTINGS doubles a row: temperature, 0
@@ -385,33 +424,45 @@ int sample_rows(const float *logits, int64_t rows, int64_t columns, int64_t stri
     float *maxima = (float *)(work + most);
     for (int64_t row = 0; row < rows; row++) {
         const double *own = settings + row * SETTINGS;
-        const int greedy = own[TEMPERATURE] == 0;
-        const int64_t top_k = greedy ? 1 : (int64_t)own[TOP_K];
-        const float repeat = (float)own[REPEAT_PENALTY];
-        const float presence = (float)own[PRESENCE_PENALTY];
-        const float frequency = (float)own[FREQUENCY_PENALTY];
-        const int penalized =
-            recent != NULL && (repeat != 1.0f || presence != 0.0f || frequency != 0.0f);
-        int64_t width = top_k + (penalized ? window : 0);
-        if (width > most) width = most;
-        if (width < 1) width = 1;
+        int64_t width = row_width(own, recent != NULL, window, most);
         int64_t found = row_top_k(logits + row * stride, columns, width, items, maxima);
-        if (found == 0) {
-            tokens[row] = 0;
-            continue;
+        tokens[row] = finish_row(items, found, own, recent ? recent + row * window : NULL,
+                                 window, work);
+    }
+    free(scratch);
+    return 0;
+}
+
+/*
+ * sample_rows for rows whose best candidates were found elsewhere (in llama.cpp's
+ * graph: graph_sampler.c): row r's `count` candidates are ids[r * count ...] with
+ * their logits values[r * count ...], the row's `count` largest, in no order. The
+ * penalties only lower a logit, so the row's top_k best after them are among its
+ * top_k + window best before; with `count` at least that, the token is the one
+ * sample_rows draws from the whole row. Returns 0, or -1 when out of memory.
+ */
+int sample_candidates(const int32_t *ids, const float *values, int64_t rows, int64_t count,
+                      const double *settings, const int32_t *recent, int64_t window,
+                      int64_t *tokens) {
+    char *scratch = malloc(count * sizeof(Candidate) + count * sizeof(double));
+    if (!scratch) return -1;
+    Candidate *items = (Candidate *)scratch;
+    double *work = (double *)(items + count);
+    for (int64_t row = 0; row < rows; row++) {
+        const double *own = settings + row * SETTINGS;
+        int64_t found = 0;
+        for (int64_t i = 0; i < count; i++) {
+            float value = values[row * count + i];
+            if (value != value) continue; /* NaN: never a candidate, as in row_top_k */
+            items[found].value = value;
+            items[found].id = ids[row * count + i];
+            found++;
         }
-        if (penalized) {
-            penalize(items, found, recent + row * window, window, repeat, presence, frequency);
-        }
-        int64_t ranked = top_k < found ? top_k : found;
-        if (ranked < found) select_largest(items, found, ranked);
-        sort_descending(items, ranked);
-        int64_t pick = 0;
-        if (!greedy) {
-            int64_t kept = kept_count(items, ranked, own[TOP_P], own[MIN_P], work);
-            pick = draw(items, kept, own[TEMPERATURE], uniform(own[SEED], own[DRAW]), work);
-        }
-        tokens[row] = items[pick].id;
+        int64_t width = row_width(own, recent != NULL, window, found);
+        if (width < found) select_largest(items, found, width);
+        if (width < found) found = width;
+        tokens[row] = finish_row(items, found, own, recent ? recent + row * window : NULL,
+                                 window, work);
     }
     free(scratch);
     return 0;

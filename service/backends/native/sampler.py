@@ -35,6 +35,9 @@ def _library() -> ctypes.CDLL | None:
     library.sample_rows.restype = ctypes.c_int
     library.top_k_row.argtypes = (pointer, size, size, pointer, pointer)
     library.top_k_row.restype = size
+    library.sample_candidates.argtypes = (pointer, pointer, size, size, pointer, pointer, size)
+    library.sample_candidates.argtypes += (pointer,)
+    library.sample_candidates.restype = ctypes.c_int
     return library
 
 
@@ -56,6 +59,36 @@ def top_k_row(line: Floats, k: int) -> tuple[Tokens, Floats]:
     if found < 0:
         raise MemoryError("the top-k could not allocate its scratch space")
     return ids[:found], values[:found]
+
+
+def draw_candidates(
+    ids: Tokens, values: Floats, settings: Doubles, recent: Tokens | None
+) -> list[int]:
+    """One token per row from each row's best candidates found elsewhere (ids and
+    their logits, rows x count, in no order): what `StepDraws` draws from the whole
+    rows, when `count` covers each row's top_k and penalty window."""
+    library = _library()
+    if library is None:
+        raise RuntimeError("service/backends/native/sampler.c was not built")
+    ids = np.ascontiguousarray(ids, dtype=np.int32)
+    values = np.ascontiguousarray(values, dtype=np.float32)
+    settings = np.ascontiguousarray(settings, dtype=np.float64)
+    recent = None if recent is None else np.ascontiguousarray(recent, dtype=np.int32)
+    tokens = np.empty(len(ids), dtype=np.int64)
+    status = library.sample_candidates(
+        ids.ctypes.data,
+        values.ctypes.data,
+        ids.shape[0],
+        ids.shape[1],
+        settings.ctypes.data,
+        None if recent is None else recent.ctypes.data,
+        0 if recent is None else recent.shape[1],
+        tokens.ctypes.data,
+    )
+    if status != 0:
+        raise MemoryError("the candidate draw could not allocate its scratch space")
+    chosen: list[int] = tokens.tolist()
+    return chosen
 
 
 class StepDraws:
