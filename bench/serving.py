@@ -3,7 +3,7 @@
     python -m bench.serving [--model gemma3-270m] [--dataset random] [--num-prompts 64]
         [--input-len 100:2000] [--output-len 32:512] [--concurrency 8 | --request-rate 4]
         [--llama-server PATH/llama-server] [--batched-bench PATH/llama-batched-bench]
-        [--sampled] [--out DIR]
+        [--sampled | --samplings greedy,sampled] [--sample-in-graph on,off] [--out DIR]
 
 Distinct prompts of the drawn lengths (bench.workload: random, shared-prefix or
 multi-turn; seeded) go to the service, started in a subprocess with its
@@ -18,6 +18,12 @@ CPU use (one asyncio process; if it nears 100% of a core, the figures are the
 client's, not the server's). With `--batched-bench`, llama.cpp's own batched
 loop runs at the same lengths and batch (bench.ceiling) as the ceiling row. `--out`
 writes the figures as JSON and a chart.
+
+`--samplings greedy,sampled` sends the same work greedy, then sampled
+(temperature 0.8, top_p 0.95), to one server; `--sample-in-graph on,off` starts
+the service once per setting (issue 39: draws inside llama.cpp's graph, or on
+the host). Each service row is then named by both, and every row's ratios to
+the first service row, to llama-server and to the ceiling are printed.
 """
 
 from __future__ import annotations
@@ -28,7 +34,8 @@ import json
 import statistics
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
+from functools import partial
 from pathlib import Path
 
 import llama_cpp
@@ -174,16 +181,24 @@ def report(results: list[Figures], args: argparse.Namespace, work: list[Request]
             f"{ttft:>20}  {itl:>14}  {r.goodput_rps:7.2f}  {r.client_cpu:4.0%}"
             + (f"  ({r.errors} errors)" if r.errors else "")
         )
-    if len(results) == 2:
-        ours, theirs = results
-        print(
-            f"service / llama-server: output tokens/s "
-            f"{ours.output_tokens_per_second / theirs.output_tokens_per_second:.2f}x, TTFT p50 "
-            f"{ours.ttft_ms['p50'] / max(theirs.ttft_ms['p50'], 1e-9):.2f}x, TTFT p99 "
-            f"{ours.ttft_ms['p99'] / max(theirs.ttft_ms['p99'], 1e-9):.2f}x"
-        )
+    theirs = next((r for r in results if r.server == "llama-server"), None)
+    ours = [r for r in results if r.server != "llama-server"]
+    for row in ours[1:]:
+        print(f"{row.server} / {ours[0].server}: {_ratios(row, ours[0])}")
+    for row in ours if theirs else []:
+        print(f"{row.server} / llama-server: {_ratios(row, theirs)}")
     if any(r.client_cpu > 0.8 for r in results):
         print("the load generator used over 80% of a core: the figures may be its own")
+
+
+def _ratios(ours: Figures, theirs: Figures | None) -> str:
+    assert theirs is not None
+    return (
+        f"output tokens/s {ours.output_tokens_per_second / theirs.output_tokens_per_second:.2f}x,"
+        f" TTFT p50 {ours.ttft_ms['p50'] / max(theirs.ttft_ms['p50'], 1e-9):.2f}x, TTFT p99 "
+        f"{ours.ttft_ms['p99'] / max(theirs.ttft_ms['p99'], 1e-9):.2f}x, ITL p50 "
+        f"{ours.itl_ms['p50'] / max(theirs.itl_ms['p50'], 1e-9):.2f}x"
+    )
 
 
 def measure_ceiling(args: argparse.Namespace, model: str, unified: bool) -> Ceiling:
@@ -208,7 +223,7 @@ def report_ceiling(service: Figures, ceiling: Ceiling) -> None:
         f"in {ceiling.prefill_seconds * 1000:.0f} ms, a decode step {ceiling.step_ms:.1f} ms"
     )
     print(
-        f"service / ceiling: output tokens/s "
+        f"{service.server} / ceiling: output tokens/s "
         f"{service.output_tokens_per_second / ceiling.output_tokens_per_second:.2f}x, "
         f"TTFT p50 {service.ttft_ms['p50'] / (ceiling.prefill_seconds * 1000):.2f}x its "
         f"prompt time, ITL p50 {service.itl_ms['p50'] / ceiling.step_ms:.2f}x its step"
@@ -241,6 +256,17 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--concurrency", type=int, default=8)
     parser.add_argument("--request-rate", type=float, help="open loop, requests/s (Poisson)")
     parser.add_argument("--sampled", action="store_true", help="temperature 0.8, top_p 0.95")
+    parser.add_argument(
+        "--samplings",
+        help="comma-separated: greedy, sampled; each sent to the same server in turn "
+        "(default: --sampled's choice)",
+    )
+    parser.add_argument(
+        "--sample-in-graph",
+        default="",
+        help="comma-separated: auto, on, off; the service started once for each "
+        "(default: its own default)",
+    )
     parser.add_argument("--slo-ttft-ms", type=float, default=2000)
     parser.add_argument("--slo-itl-ms", type=float, default=200)
     parser.add_argument("--llama-server", help="a llama-server binary to compare against")
@@ -294,7 +320,8 @@ def main() -> None:
     args.kv_layout = kv_layout_on(args.kv_layout, on_gpu)
     args.step_tokens = batch_size_on(None, on_gpu)  # the service's default, as it settles it
     unified = args.kv_layout == "unified"
-    sampling = dict(SAMPLED) if args.sampled else None
+    samplings = (args.samplings or ("sampled" if args.sampled else "greedy")).split(",")
+    sampling = dict(SAMPLED) if samplings[0] == "sampled" else None
     flags = ["--parallel-sequences", str(slots), "--kv-layout", args.kv_layout]
     flags += ["--context-size", str(context if unified else longest)]
     flags += ["--gpu-layers", str(args.gpu_layers)]
@@ -302,12 +329,18 @@ def main() -> None:
         args.model = "bench"
         flags += ["--model", f"bench={path}"]
     results = []
-    with running_server(args.model, args.threads, flags) as (address, pid):
-        profile = (args.out or Path("bench-results")) / "py-spy-service.txt"
-        with recording(args.py_spy, pid, profile):
-            results.append(
-                asyncio.run(run_one(lambda: ServiceTarget(address, sampling), work, args))
-            )
+    placements = [p for p in args.sample_in_graph.split(",") if p] or [""]
+    named = len(samplings) > 1 or placements != [""]
+    for placement in placements:
+        extra = ["--sample-in-graph", placement] if placement else []
+        with running_server(args.model, args.threads, flags + extra) as (address, pid):
+            profile = (args.out or Path("bench-results")) / "py-spy-service.txt"
+            with recording(args.py_spy, pid, profile):
+                for kind in samplings:
+                    target = partial(ServiceTarget, address, SAMPLED if kind == "sampled" else None)
+                    result = asyncio.run(run_one(target, work, args))
+                    name = f"svc {kind[:6]} {placement or 'dflt'}" if named else result.server
+                    results.append(replace(result, server=name))
     if args.llama_server:
         flags = llama_server_flags(args.threads, args.gpu_layers)
         server = llama_server(args.llama_server, str(path), slots, context, flags, unified=unified)
@@ -319,7 +352,9 @@ def main() -> None:
     ceiling = None
     if args.batched_bench:
         ceiling = measure_ceiling(args, str(path), unified)
-        report_ceiling(results[0], ceiling)
+        for row in results:
+            if row.server != "llama-server":
+                report_ceiling(row, ceiling)
     if args.out:
         write(results, args.out, ceiling)
 

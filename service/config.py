@@ -36,7 +36,7 @@ from pydantic import (
 )
 from pydantic_settings import BaseSettings, EnvSettingsSource, NoDecode, SettingsConfigDict
 
-from service.backends.names import FlashAttention, KvLayout
+from service.backends.names import FlashAttention, KvLayout, SampleInGraph
 
 ENV_PREFIX = "INFERENCE_"
 
@@ -357,6 +357,14 @@ class ModelOptionSettings(BaseModel):
         "that the next turn evaluates only its new tokens (on the CPU only the most recent "
         "stays in the cache; older ones are parked in host memory).",
     )
+    sample_in_graph: SampleInGraph = Field(
+        default="auto",
+        description="Where a llama.cpp model draws its tokens. on: inside llama.cpp's graph "
+        "(greedy requests' argmax, and the best 128 candidates of sampled ones, come back "
+        "instead of every row's logits); requests it cannot serve (a grammar, top logprobs, "
+        "a top-k past 128) draw on the host in the same step. off: every draw on the host. "
+        "auto: on for a model on a GPU, off on the CPU.",
+    )
     kv_layout: KvLayout = Field(
         default="auto",
         description="How a llama.cpp model's KV cache holds its sequences. unified: one "
@@ -586,7 +594,14 @@ def read_models_file(path: Path) -> dict[str, ModelConfig]:
     return {str(name): ModelConfig.model_validate(entry) for name, entry in entries.items()}
 
 
-_CHOICES = ("log_format", "log_level", "flash_attention", "kv_layout", "engine_mode")
+_CHOICES = (
+    "log_format",
+    "log_level",
+    "flash_attention",
+    "kv_layout",
+    "sample_in_graph",
+    "engine_mode",
+)
 
 
 def _flag(name: str) -> str:

@@ -199,14 +199,16 @@ class TopLogprob(_message.Message):
     def __init__(self, token_id: _Optional[int] = ..., token: _Optional[bytes] = ..., logprob: _Optional[float] = ...) -> None: ...
 
 class Usage(_message.Message):
-    __slots__ = ("prompt_tokens", "completion_tokens", "cached_prompt_tokens")
+    __slots__ = ("prompt_tokens", "completion_tokens", "cached_prompt_tokens", "sampled_in_graph_tokens")
     PROMPT_TOKENS_FIELD_NUMBER: _ClassVar[int]
     COMPLETION_TOKENS_FIELD_NUMBER: _ClassVar[int]
     CACHED_PROMPT_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    SAMPLED_IN_GRAPH_TOKENS_FIELD_NUMBER: _ClassVar[int]
     prompt_tokens: int
     completion_tokens: int
     cached_prompt_tokens: int
-    def __init__(self, prompt_tokens: _Optional[int] = ..., completion_tokens: _Optional[int] = ..., cached_prompt_tokens: _Optional[int] = ...) -> None: ...
+    sampled_in_graph_tokens: int
+    def __init__(self, prompt_tokens: _Optional[int] = ..., completion_tokens: _Optional[int] = ..., cached_prompt_tokens: _Optional[int] = ..., sampled_in_graph_tokens: _Optional[int] = ...) -> None: ...
 
 class Timing(_message.Message):
     __slots__ = ("ttft_ms", "decode_tokens_per_second", "total_ms", "queue_ms")

@@ -86,6 +86,8 @@ else
     build
 fi
 has_cuda_llama || { echo "llama_cpp imports but cannot offload to a GPU" >&2; exit 1; }
+# Sampling inside llama.cpp's graph: against the CUDA build's own llama.h and libllama.
+PYTHONPATH=$CUDA_SITE:$root "$python" -m service.backends.native.build_graph_sampler
 "$python" -c 'import llama_cpp; print("llama_cpp", llama_cpp.__version__, "from", llama_cpp.__file__)'
 ls "$CUDA_DIR/build/bin" 2>/dev/null | grep -E '^llama-(bench|quantize)$' || true
 echo "start the service with:  . scripts/cuda/env.sh && python3 -m service.front --gpu-layers -1 ..."

@@ -59,6 +59,8 @@ class Sampled:
     token: int
     logprob: TokenLogprob | None = None
     refused: ServiceError | None = None
+    # Drawn inside the model library's graph (llama.cpp's, on the GPU), not on the host.
+    in_graph: bool = False
 
 
 class ActiveSequence(Protocol):

@@ -16,6 +16,9 @@ FlashAttention = Literal["auto", "on", "off"]
 KvLayout = Literal["auto", "unified", "per-sequence"]
 # What a model's cache is once "auto" has been settled by where the model computes.
 KvCacheLayout = Literal["unified", "per-sequence"]
+# llama.cpp: whether a step's draws run inside its graph (service/backends/llama_cpp/
+# graph_sampling.py) or on the host from copied logits.
+SampleInGraph = Literal["auto", "on", "off"]
 
 
 # llama.cpp's step size (n_batch and n_ubatch) when the operator sets none. Under long
@@ -34,6 +37,17 @@ def batch_size_on(batch_size: int | None, on_gpu: bool) -> int:
     if batch_size is not None:
         return batch_size
     return GPU_BATCH_SIZE if on_gpu else CPU_BATCH_SIZE
+
+
+def sample_in_graph_on(setting: SampleInGraph, on_gpu: bool) -> bool:
+    """Whether a model's draws run inside llama.cpp's graph: "auto" is on a GPU, where
+    copying every row's logits back and scanning them is what stands between a step and
+    the next (docs/gpu.md); off on the CPU, where the graph's argmax and top-k run on
+    the same cores as the host's would and the measured difference was nil (README,
+    "Sampling in the graph")."""
+    if setting == "auto":
+        return on_gpu
+    return setting == "on"
 
 
 def kv_layout_on(layout: KvLayout, on_gpu: bool) -> KvCacheLayout:

@@ -322,7 +322,7 @@ class DecodeScheduler:
             self._retire(request, sampled.refused)
             return
         try:
-            for event in decoder.push(sampled.token, sampled.logprob):
+            for event in decoder.push(sampled.token, sampled.logprob, sampled.in_graph):
                 for message in request.chunker.push(event):
                     self._outbox.append((request.channel, message))
         except Exception as exc:  # a bug of ours: this request fails, the others go on

@@ -83,6 +83,7 @@ class _Progress:
     received_at: float
     started_at: float
     completion_tokens: int = 0
+    sampled_in_graph: int = 0  # of completion_tokens
     first_token_at: float | None = None
 
     def timing(self, now: float) -> Timing:
@@ -121,7 +122,9 @@ class SequenceDecoder:
         self._held_logprobs: list[TokenLogprob | None] = []
         self.done = False
 
-    def push(self, token: int, logprob: TokenLogprob | None = None) -> list[DecodeEvent]:
+    def push(
+        self, token: int, logprob: TokenLogprob | None = None, in_graph: bool = False
+    ) -> list[DecodeEvent]:
         now = time.monotonic()
         progress = self._progress
         if progress.first_token_at is None:
@@ -130,6 +133,7 @@ class SequenceDecoder:
             return self._finish(FinishReason.END_OF_TURN)
         # Counted even when it turns out to be part of a stop and is never streamed.
         progress.completion_tokens += 1
+        progress.sampled_in_graph += in_graph
         self._held_logprobs.append(logprob)
         released = self._assembler.push(token, self._backend.token_bytes(token))
         events: list[DecodeEvent] = list(self._delta(released))
@@ -150,6 +154,7 @@ class SequenceDecoder:
             prompt_tokens=len(self._plan.prompt_ids),
             completion_tokens=self._progress.completion_tokens,
             cached_prompt_tokens=self._cached,
+            sampled_in_graph_tokens=self._progress.sampled_in_graph,
         )
         events.append(
             Finished(

@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass, fields, replace
 from typing import TYPE_CHECKING
 
-from service.backends.names import FlashAttention, KvLayout
+from service.backends.names import FlashAttention, KvLayout, SampleInGraph
 
 if TYPE_CHECKING:
     from service.config import ModelConfig, ModelOptionSettings
@@ -32,6 +32,7 @@ class ModelOptions:
     batch_size: int | None = None
     # Tokens per streamed message after the first.
     stream_interval: int = 1
+    sample_in_graph: SampleInGraph = "auto"
 
     @classmethod
     def from_settings(cls, settings: ModelOptionSettings) -> ModelOptions:

@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import Any, get_args
 
 from inference.engine.v1 import engine_pb2 as epb
-from service.backends.names import FlashAttention, KvLayout
+from service.backends.names import FlashAttention, KvLayout, SampleInGraph
 from service.engine.model_options import ModelOptions
 
 # Load carries each ModelOptions field under the same name.
@@ -49,6 +49,7 @@ class EngineOptions:
         model: dict[str, Any] = {name: getattr(load, name) for name in _MODEL_FIELDS}
         model["flash_attention"] = _choice(load.flash_attention, FlashAttention)
         model["kv_layout"] = _choice(load.kv_layout, KvLayout)
+        model["sample_in_graph"] = _choice(load.sample_in_graph or "auto", SampleInGraph)
         model["batch_size"] = load.batch_size if load.HasField("batch_size") else None
         return cls(
             name=load.name,

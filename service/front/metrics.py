@@ -60,7 +60,8 @@ class Metrics(ServedRegistry):
             ["model"], buckets=_TOKEN_BUCKETS, registry=self.registry,
         )  # fmt: skip
         self.tokens = Counter(
-            "inference_tokens", "Tokens by model and kind: prompt, cached_prompt, completion.",
+            "inference_tokens", "Tokens by model and kind: prompt, cached_prompt, completion, and "
+            "sampled_in_graph (completion tokens drawn inside llama.cpp's graph).",
             ["model", "kind"], registry=self.registry,
         )  # fmt: skip
         self.images = Counter(
@@ -100,6 +101,7 @@ class Metrics(ServedRegistry):
         self.tokens.labels(model, "prompt").inc(usage.prompt_tokens)
         self.tokens.labels(model, "cached_prompt").inc(usage.cached_prompt_tokens)
         self.tokens.labels(model, "completion").inc(usage.completion_tokens)
+        self.tokens.labels(model, "sampled_in_graph").inc(usage.sampled_in_graph_tokens)
 
     def image(self, done: ImageDone) -> None:
         self.images.labels(done.model, done.backend).inc()

@@ -513,12 +513,14 @@ class Usage:
     prompt_tokens: int
     completion_tokens: int
     cached_prompt_tokens: int
+    sampled_in_graph_tokens: int = 0
 
     def to_pb(self) -> pb.Usage:
         return pb.Usage(
             prompt_tokens=self.prompt_tokens,
             completion_tokens=self.completion_tokens,
             cached_prompt_tokens=self.cached_prompt_tokens,
+            sampled_in_graph_tokens=self.sampled_in_graph_tokens,
         )
 
 

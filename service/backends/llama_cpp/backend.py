@@ -35,8 +35,10 @@ from llama_cpp._internals import LlamaContext, LlamaModel
 from service.backends.base import ActiveSequence, Sampled, SequenceRequest
 from service.backends.batch_sampling import PENALTY_WINDOW, Row
 from service.backends.failure import load_refused
+from service.backends.llama_cpp import graph_sampling
 from service.backends.llama_cpp import log as llama_log  # also routes llama.cpp's log, on import
 from service.backends.llama_cpp.batch import Batch, Chunk
+from service.backends.llama_cpp.graph_sampling import GraphSampling, PlannedRow, RowPath
 from service.backends.llama_cpp.kv_slots import Placement, Slot, SlotTable
 from service.backends.llama_cpp.logprobs import token_logprob
 from service.backends.llama_cpp.own_draws import OwnDraws
@@ -45,8 +47,10 @@ from service.backends.names import (
     LLAMA_CPP,
     FlashAttention,
     KvLayout,
+    SampleInGraph,
     batch_size_on,
     kv_layout_on,
+    sample_in_graph_on,
 )
 from service.backends.row_threads import RowThreads
 from service.backends.step_plan import Seat, plan_step
@@ -97,6 +101,8 @@ class LlamaCppOptions:
     # that a long newcomer prompt does not stall their streams. None: chosen by
     # where the model computes (see `prefill_chunk_for`).
     prefill_chunk: int | None = None
+    # Draws inside llama.cpp's graph (see graph_sampling); "auto": on a GPU.
+    sample_in_graph: SampleInGraph = "auto"
 
 
 # On a CPU a step's time grows with every token in it: 128 prompt tokens add a few
@@ -142,7 +148,11 @@ def _load_model(path: Path, options: LlamaCppOptions) -> LlamaModel:
 
 
 def _new_context(
-    model: LlamaModel, options: LlamaCppOptions, size: int, batch_size: int
+    model: LlamaModel,
+    options: LlamaCppOptions,
+    size: int,
+    batch_size: int,
+    graph: GraphSampling | None = None,
 ) -> LlamaContext:
     params = llama_cpp.llama_context_default_params()
     params.n_seq_max = options.max_sequences + options.cached_sequences
@@ -155,6 +165,8 @@ def _new_context(
     params.flash_attn_type = _FLASH_ATTENTION[options.flash_attention]
     # Keep sliding-window layers' full history, so a cached prefix can be trimmed.
     params.swa_full = True
+    if graph is not None:  # a sampler per sequence id, given once, here
+        graph.attach(params)
     # A unified pool may hold more cells than the model's trained window, which
     # llama.cpp warns about; no one sequence may (see LlamaCppBackend.context_length).
     try:
@@ -173,6 +185,22 @@ class LlamaSequence:
     pending: list[int]
     top_logprobs: int | None = None
     decoding: bool = False
+    # With in-graph sampling, where its draws happen (see graph_sampling).
+    mode: int = graph_sampling.HOST
+
+
+def _graph_sampling(options: LlamaCppOptions, off_cpu: bool) -> GraphSampling | None:
+    """The in-graph samplers, when the setting and the build allow them."""
+    if not sample_in_graph_on(options.sample_in_graph, off_cpu):
+        return None
+    if not GraphSampling.available():
+        if options.sample_in_graph == "on":
+            raise BackendFailure(
+                "--sample-in-graph on, but service/backends/native/graph_sampler.c was not "
+                "built: run `python -m service.backends.native.build_graph_sampler`"
+            )
+        return None
+    return GraphSampling(options.max_sequences + options.cached_sequences)
 
 
 class LlamaCppBackend:
@@ -191,7 +219,8 @@ class LlamaCppBackend:
         if options.kv_layout == "per-sequence":
             size = self._within_training(size)
         batch_size = batch_size_on(options.batch_size, off_cpu)
-        self._context = _new_context(self._model, options, size, batch_size)
+        self._graph = _graph_sampling(options, off_cpu)
+        self._context = _new_context(self._model, options, size, batch_size, self._graph)
         self._memory = llama_cpp.llama_get_memory(self._context.ctx)
         self._vocab = self._model.vocab
         self._n_vocab = self._model.n_vocab()
@@ -307,12 +336,15 @@ class LlamaCppBackend:
         self._slots.occupy(placement, len(prompt), request.max_tokens)
         if placement.moves and placement.copy_from is not None:
             self._forget(placement.copy_from)
+        logprobs = request.top_logprobs is not None
+        path = RowPath(sampler.plain_greedy, sampler.batched, request.sampling, logprobs)
         return LlamaSequence(
             slot=placement.slot,
             sampler=sampler,
             cached_prompt_tokens=placement.reuse,
             pending=list(prompt[placement.reuse :]),
             top_logprobs=request.top_logprobs,
+            mode=path.mode if self._graph is not None else graph_sampling.HOST,
         )
 
     def step(
@@ -332,6 +364,14 @@ class LlamaCppBackend:
                 sampled = self._collect_own_draws(own)
             return [sampled.get(sequence) for sequence in own]
         self._batch.fill([chunk for _, chunk in chunks])
+        if self._graph is not None:
+            self._graph.plan(
+                self._context.ctx,
+                [
+                    PlannedRow(chunk.seq_id, len(chunk.tokens), chunk.wants_logits, sequence.mode)
+                    for sequence, chunk in chunks
+                ],
+            )
         started = time.perf_counter()
         outputs = self._decode_beside(before_compute)
         decoded = time.perf_counter()
@@ -372,8 +412,7 @@ class LlamaCppBackend:
         for sequence, output in ready:
             if sequence.sampler.plain_greedy or sequence.sampler.batched:
                 continue
-            pointer = llama_cpp.llama_get_logits_ith(self._context.ctx, output)
-            logits = np.ctypeslib.as_array(pointer, shape=(self._n_vocab,)).copy()
+            logits = self._row_logits(output).copy()
             recent = sequence.slot.tokens[-PENALTY_WINDOW:]
             self._own_draws.start(sequence, partial(self._own_draw, sequence, logits, recent))
             started.append(sequence)
@@ -405,6 +444,8 @@ class LlamaCppBackend:
         rows = [row for row, (sequence, _) in enumerate(ready) if sequence.sampler.plain_greedy]
         if not rows:
             return {}
+        if self._graph is not None:
+            return {ready[row][0]: self._graph_greedy(*ready[row]) for row in rows}
         logits = self._step_logits(len(ready))
         if len(rows) == len(ready):
             tokens = self._rows.argmax(logits)
@@ -418,12 +459,46 @@ class LlamaCppBackend:
         rows = [row for row, (sequence, _) in enumerate(ready) if sequence.sampler.batched]
         if not rows:
             return {}
+        if self._graph is not None:
+            return self._graph_batched([ready[row] for row in rows])
         logits = self._step_logits(len(ready))
         if len(rows) < len(ready):
             logits = logits[rows]
         draws = [_draw_of(ready[row][0]) for row in rows]
         tokens = self._rows.sample(logits, draws)
         return {ready[row][0]: token for row, token in zip(rows, tokens, strict=True)}
+
+    def _graph_greedy(self, sequence: LlamaSequence, output: int) -> int:
+        """A greedy row's token with in-graph sampling: the graph's argmax, or (a row
+        that wants logprobs) the argmax of its logits."""
+        if sequence.mode == graph_sampling.GREEDY:
+            return graph_sampling.sampled_token(self._context.ctx, output)
+        return int(np.argmax(self._row_logits(output)))
+
+    def _graph_batched(self, ready: list[tuple[LlamaSequence, int]]) -> dict[LlamaSequence, int]:
+        """The batched rows' draws with in-graph sampling: from the graph's candidates
+        (TOP rows), else from each row's logits, all with the batched sampler's rules."""
+        top = [(sequence, out) for sequence, out in ready if sequence.mode == graph_sampling.TOP]
+        rest = [(sequence, out) for sequence, out in ready if sequence.mode != graph_sampling.TOP]
+        chosen: dict[LlamaSequence, int] = {}
+        if top:
+            draws = [_draw_of(sequence) for sequence, _ in top]
+            outputs = [output for _, output in top]
+            tokens = graph_sampling.top_draws(self._context.ctx, outputs, draws)
+            chosen |= {sequence: token for (sequence, _), token in zip(top, tokens, strict=True)}
+        if rest:
+            logits = np.stack([self._row_logits(output) for _, output in rest])
+            tokens = self._rows.sample(logits, [_draw_of(sequence) for sequence, _ in rest])
+            chosen |= {sequence: token for (sequence, _), token in zip(rest, tokens, strict=True)}
+        return chosen
+
+    def _row_logits(self, output: int) -> npt.NDArray[np.float32]:
+        """One output's logits, viewed in llama.cpp's buffer: with in-graph sampling,
+        where llama.cpp copies the rows the graph does not sample."""
+        if self._graph is not None:
+            return graph_sampling.row_logits(self._context.ctx, output, self._n_vocab)
+        pointer = llama_cpp.llama_get_logits_ith(self._context.ctx, output)
+        return np.ctypeslib.as_array(pointer, shape=(self._n_vocab,))
 
     def _step_logits(self, outputs: int) -> npt.NDArray[np.float32]:
         """This step's logits, a row per output in batch order (the order of `ready`),
@@ -436,10 +511,8 @@ class LlamaCppBackend:
         raw logits, which sampling leaves as they are)."""
         sequence.pending, sequence.decoding = [token], True
         if sequence.top_logprobs is None:
-            return Sampled(token)
-        logits = np.ctypeslib.as_array(
-            llama_cpp.llama_get_logits_ith(self._context.ctx, output), shape=(self._n_vocab,)
-        )
+            return Sampled(token, in_graph=sequence.mode != graph_sampling.HOST)
+        logits = self._row_logits(output)
         return Sampled(token, token_logprob(logits, token, sequence.top_logprobs, self.token_bytes))
 
     def finish(self, sequence: ActiveSequence) -> None:
@@ -466,6 +539,8 @@ class LlamaCppBackend:
             self._rows.close()
             self._batch.close()
             self._context.close()
+            if self._graph is not None:  # its samplers outlive the context, never the reverse
+                self._graph.close()
             self._model.close()
 
     def _plan_step(self, sequences: list[LlamaSequence]) -> dict[LlamaSequence, Chunk]:

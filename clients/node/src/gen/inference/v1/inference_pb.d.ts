@@ -628,6 +628,14 @@ export declare type Usage = Message<"inference.v1.Usage"> & {
    * @generated from field: uint32 cached_prompt_tokens = 3;
    */
   cachedPromptTokens: number;
+
+  /**
+   * Of completion_tokens, those drawn inside llama.cpp's graph (on the GPU,
+   * with --sample-in-graph); the rest were drawn on the host.
+   *
+   * @generated from field: uint32 sampled_in_graph_tokens = 4;
+   */
+  sampledInGraphTokens: number;
 };
 
 /**
