@@ -169,7 +169,8 @@ def report(results: list[Figures], args: argparse.Namespace, work: list[Request]
     print(
         f"{args.dataset}, {len(work)} requests, {load}; prompts {prompt:.0f} tokens on "
         f"average ({args.input_len}), outputs up to {args.output_len}; "
-        f"{'sampled' if args.sampled else 'greedy'}; {args.kv_layout} KV cache, the "
+        f"{args.samplings or ('sampled' if args.sampled else 'greedy')}; {args.kv_layout} KV "
+        "cache, the "
         f"service's steps of up to {args.step_tokens} tokens"
     )
     print("server        req/s  out tok/s  TTFT p50/p90/p99 ms     ITL p50/p99 ms  goodput  cpu")
@@ -181,12 +182,13 @@ def report(results: list[Figures], args: argparse.Namespace, work: list[Request]
             f"{ttft:>20}  {itl:>14}  {r.goodput_rps:7.2f}  {r.client_cpu:4.0%}"
             + (f"  ({r.errors} errors)" if r.errors else "")
         )
-    theirs = next((r for r in results if r.server == "llama-server"), None)
-    ours = [r for r in results if r.server != "llama-server"]
+    peers = [r for r in results if r.server.startswith("llama-server")]
+    theirs = max(peers, key=lambda r: r.output_tokens_per_second, default=None)
+    ours = [r for r in results if not r.server.startswith("llama-server")]
     for row in ours[1:]:
         print(f"{row.server} / {ours[0].server}: {_ratios(row, ours[0])}")
     for row in ours if theirs else []:
-        print(f"{row.server} / llama-server: {_ratios(row, theirs)}")
+        print(f"{row.server} / {theirs.server if theirs else ''}: {_ratios(row, theirs)}")
     if any(r.client_cpu > 0.8 for r in results):
         print("the load generator used over 80% of a core: the figures may be its own")
 
@@ -254,6 +256,11 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--output-len", default="32:512", help="tokens, N or LOW:HIGH")
     parser.add_argument("--shared-prefix-len", type=int, default=1000)
     parser.add_argument("--concurrency", type=int, default=8)
+    parser.add_argument(
+        "--parallel-sequences",
+        type=int,
+        help="the service's --parallel-sequences (default: --concurrency)",
+    )
     parser.add_argument("--request-rate", type=float, help="open loop, requests/s (Poisson)")
     parser.add_argument("--sampled", action="store_true", help="temperature 0.8, top_p 0.95")
     parser.add_argument(
@@ -270,6 +277,13 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--slo-ttft-ms", type=float, default=2000)
     parser.add_argument("--slo-itl-ms", type=float, default=200)
     parser.add_argument("--llama-server", help="a llama-server binary to compare against")
+    parser.add_argument(
+        "--llama-server-variants",
+        default="",
+        help="semicolon-separated llama-server configurations, each run in turn, of "
+        "kvu or no-kvu (default: the service's layout) and backend-sampling, joined by "
+        "+ (e.g. 'no-kvu;kvu;no-kvu+backend-sampling'); ratios are to the fastest",
+    )
     parser.add_argument(
         "--batched-bench",
         help="a llama-batched-bench binary: the ceiling row, at fixed --input-len and "
@@ -322,7 +336,8 @@ def main() -> None:
     unified = args.kv_layout == "unified"
     samplings = (args.samplings or ("sampled" if args.sampled else "greedy")).split(",")
     sampling = dict(SAMPLED) if samplings[0] == "sampled" else None
-    flags = ["--parallel-sequences", str(slots), "--kv-layout", args.kv_layout]
+    parallel = args.parallel_sequences or slots
+    flags = ["--parallel-sequences", str(parallel), "--kv-layout", args.kv_layout]
     flags += ["--context-size", str(context if unified else longest)]
     flags += ["--gpu-layers", str(args.gpu_layers)]
     if args.model_path:
@@ -342,18 +357,23 @@ def main() -> None:
                     name = f"svc {kind[:6]} {placement or 'dflt'}" if named else result.server
                     results.append(replace(result, server=name))
     if args.llama_server:
-        flags = llama_server_flags(args.threads, args.gpu_layers)
-        server = llama_server(args.llama_server, str(path), slots, context, flags, unified=unified)
-        with server as url:
-            results.append(
-                asyncio.run(run_one(lambda: LlamaServerTarget(url, sampling), work, args))
-            )
+        for variant in args.llama_server_variants.split(";"):
+            parts = set(variant.split("+")) - {""}
+            flags = llama_server_flags(args.threads, args.gpu_layers)
+            flags += ["--backend-sampling"] if "backend-sampling" in parts else []
+            layout = unified if not {"kvu", "no-kvu"} & parts else "kvu" in parts
+            binary, model = args.llama_server, str(path)
+            server = llama_server(binary, model, slots, context, flags, unified=layout)
+            with server as url:
+                result = asyncio.run(run_one(lambda: LlamaServerTarget(url, sampling), work, args))
+            name = f"llama-server[{variant}]" if variant else result.server
+            results.append(replace(result, server=name))
     report(results, args, work)
     ceiling = None
     if args.batched_bench:
         ceiling = measure_ceiling(args, str(path), unified)
         for row in results:
-            if row.server != "llama-server":
+            if not row.server.startswith("llama-server"):
                 report_ceiling(row, ceiling)
     if args.out:
         write(results, args.out, ceiling)

@@ -6,6 +6,7 @@
 # beside llama-server, and the compute buffer CUDA reserves. About 8 minutes.
 #
 #   scripts/cuda/bench.sh [bench.generate flags]
+#   scripts/cuda/bench.sh sampling     # issue 39's rows alone (see below)
 #
 # Figures go to stdout and, where the device tool gives one, to $OUT.
 # MODEL_TYPE picks another llama.cpp file type (default Q4_K_M); BENCH_TOOLS=0 skips
@@ -50,6 +51,36 @@ PY
 
 tools_dir=$CUDA_DIR/build
 [ "${BENCH_TOOLS:-1}" = 0 ] && tools_dir=/nonexistent
+server=$(find "$CUDA_DIR/build" -name llama-server -type f -perm -u+x 2>/dev/null | head -1 || true)
+batched_bench=$(find "$tools_dir" -name llama-batched-bench -type f -perm -u+x 2>/dev/null | head -1 || true)
+
+# `bench.sh sampling`: every row of issue 39 (sampling in llama.cpp's graph), alone,
+# about 6 minutes. The ceiling is llama-batched-bench in the service's GPU layout (a
+# cache per sequence) at the same lengths; then the service with --parallel-sequences
+# 128 at 1, 32 and 128 streams of distinct ~155-token prompts and 128-token answers,
+# greedy and sampled (T 0.8, top_p 0.95), with the draw in the graph and on the host,
+# two rounds each; then mixed traffic beside llama-server in its configurations.
+if [ "${1:-}" = sampling ]; then
+    status=0
+    for streams in ${SAMPLING_STREAMS:-1 32 128}; do
+        prompts=$((streams * 2)); [ "$streams" = 1 ] && prompts=4
+        timeout 420 "$python" -m bench.serving --model-path "$model" --gpu-layers -1 \
+            --input-len 155 --output-len 128 --num-prompts "$prompts" --concurrency "$streams" \
+            --parallel-sequences 128 --samplings greedy,sampled --sample-in-graph on,off \
+            ${batched_bench:+--batched-bench "$batched_bench"} --out "$out/sampling-$streams" \
+            2>"$out/sampling-$streams.err" | tee "$out/sampling-$streams.txt" \
+            || { tail -20 "$out/sampling-$streams.err"; status=1; }
+    done
+    if [ "${MIXED:-1}" != 0 ]; then
+        timeout 560 "$python" -m bench.serving --model-path "$model" --gpu-layers -1 \
+            --input-len 100:2000 --output-len 32:512 --num-prompts 400 --concurrency 64 \
+            --request-rate 14 --sample-in-graph on,off \
+            ${server:+--llama-server "$server" --llama-server-variants "no-kvu;kvu;no-kvu+backend-sampling;kvu+backend-sampling"} \
+            --out "$out/sampling-mixed" 2>"$out/sampling-mixed.err" | tee "$out/sampling-mixed.txt" \
+            || { tail -20 "$out/sampling-mixed.err"; status=1; }
+    fi
+    exit $status
+fi
 llama_bench=$(find "$tools_dir" -name llama-bench -type f -perm -u+x 2>/dev/null | head -1 || true)
 if [ -n "$llama_bench" ]; then
     timeout 120 "$llama_bench" -m "$model" -ngl 99 -p 512 -n 128 -r 3 -o md 2>/dev/null \
@@ -59,7 +90,6 @@ fi
 # llama.cpp's own batched decode loop in C++ (no sampling, nothing but llama_decode),
 # with one KV cache shared by every sequence (-kvu, what the service uses) and with a
 # cache of its own per sequence (-no-kvu): the ceiling for the concurrent-streams rows.
-batched_bench=$(find "$tools_dir" -name llama-batched-bench -type f -perm -u+x 2>/dev/null | head -1 || true)
 if [ -n "$batched_bench" ]; then
     for layout in -kvu -no-kvu; do
         echo "llama-batched-bench $layout"
@@ -95,7 +125,6 @@ for interval in ${STREAM_INTERVALS:-1}; do
 done
 # llama.cpp's own server on the same model and prompts, greedy and sampled: the peer row
 # (built when CUDA_CMAKE_ARGS has -DLLAMA_BUILD_SERVER=ON and LLAMA_TOOLS is ON).
-server=$(find "$CUDA_DIR/build" -name llama-server -type f -perm -u+x 2>/dev/null | head -1 || true)
 if [ -n "$server" ]; then
     timeout 300 "$python" -m bench.llama_server --binary "$server" --model-path "$model" \
         --streams 1,8,32,64,128 --stream-tokens 128 --runs "${RUNS:-5}" \
