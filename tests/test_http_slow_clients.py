@@ -132,7 +132,7 @@ def test_readers_that_stop_hold_no_slot_once_generated(patient: RunningServer) -
 
 def test_readers_that_stop_are_cancelled_after_the_send_stall(strict: RunningServer) -> None:
     port, gate = _port(strict), strict.server.gate
-    long_story = {**STREAMED, "max_tokens": 60}  # paused long before its end
+    long_story = {**STREAMED, "max_tokens": 40}  # paused long before its end
     cancelled = {"rpc": "ChatCompletions", "model": SMOLLM, "code": "CANCELLED"}
     before = _generations(strict)
     with SlowClient(port) as deaf, SlowClient(port) as slow, SlowClient(port) as whole:
