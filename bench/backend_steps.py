@@ -9,6 +9,11 @@ of the raw loop that never reads its logits (llama-batched-bench's way): the
 gap between the last two is what taking each step's tokens costs any server.
 
     python -m bench.backend_steps --model-path MODEL [--gpu-layers -1] [--streams 8,64]
+        [--sample-in-graph on,off] [--samplings greedy,sampled]
+
+With `--sample-in-graph` and `--samplings`, the backend is loaded once per
+placement of the draw (issue 39) and each sampling runs on it: milliseconds per
+step for each, beside the raw loops.
 """
 
 from __future__ import annotations
@@ -25,6 +30,10 @@ from service.config import available_cores
 from service.text.requests import Grammar, SamplingParams
 
 GREEDY = SamplingParams(temperature=0, top_p=1, top_k=0, min_p=0, repeat_penalty=1, seed=0)
+# The service's defaults at temperature 0.8, top_p 0.95 (bench.server.SAMPLED).
+SAMPLED = SamplingParams(
+    temperature=0.8, top_p=0.95, top_k=40, min_p=0.05, repeat_penalty=1, seed=0
+)
 
 
 def start_stream(
@@ -72,43 +81,54 @@ def main() -> None:
     parser.add_argument("--tokens", type=int, default=128)
     parser.add_argument("--context-size", type=int, default=32768)
     parser.add_argument("--kv-layout", choices=["unified", "per-sequence"], default="unified")
+    parser.add_argument("--parallel-sequences", type=int, help="default: the most streams")
+    parser.add_argument("--sample-in-graph", default="auto", help="comma-separated: auto, on, off")
+    parser.add_argument("--samplings", default="greedy", help="comma-separated: greedy, sampled")
     args = parser.parse_args()
     streams = [int(s) for s in args.streams.split(",")]
     threads = available_cores()
     llama = raw.open_llama(args.model_path, 512, threads, args.gpu_layers)
-    backend = LlamaCppBackend(
-        args.model_path,
-        LlamaCppOptions(
-            context_size=args.context_size,
-            threads=threads,
-            gpu_layers=args.gpu_layers,
-            max_sequences=max(streams),
-            kv_layout=args.kv_layout,
-        ),
-    )
     unified = args.kv_layout == "unified"
-    # Both sides' first pass pays for CUDA's start-up (kernels, graphs): not a step's cost.
-    warm_up = [list(llama.tokenize(b"warm up", add_bos=True))] * 2
-    backend_run(backend, warm_up, 8)
-    raw.batched_tps(llama, warm_up, 8, threads, unified=unified)
-    print(f"{'streams':>8} {'backend tok/s':>14} {'raw tok/s':>10} {'ratio':>6} "
-          f"{'backend ms/step':>16} {'raw ms/step':>12} {'unsampled ms/step':>18}")  # fmt: skip
-    for index, count in enumerate(streams):
-        prompts = [
+    prompts = {
+        count: [
             list(llama.tokenize(short_prompt(1000 * index + i).encode(), add_bos=True))
             for i in range(count)
         ]
-        served, steps = backend_run(backend, prompts, args.tokens)
-        direct = raw.batched_tps(llama, prompts, args.tokens, threads, unified=unified)
+        for index, count in enumerate(streams)
+    }
+    raw.batched_tps(llama, [list(llama.tokenize(b"warm up", add_bos=True))] * 2, 8, threads,
+                    unified=unified)  # fmt: skip
+    print(f"{'streams':>8} {'raw tok/s':>10} {'raw ms/step':>12} {'unsampled ms/step':>18}")
+    for count in streams:
+        direct = raw.batched_tps(llama, prompts[count], args.tokens, threads, unified=unified)
         unsampled = raw.batched_tps(
-            llama, prompts, args.tokens, threads, unified=unified, sample=False
+            llama, prompts[count], args.tokens, threads, unified=unified, sample=False
         )
-        served_ms = count * args.tokens / served / steps * 1000
-        direct_ms, unsampled_ms = count / direct * 1000, count / unsampled * 1000
-        print(f"{count:>8} {served:>14.1f} {direct:>10.1f} {served / direct:>6.2f} "
-              f"{served_ms:>16.2f} {direct_ms:>12.2f} {unsampled_ms:>18.2f}")  # fmt: skip
-    backend.close()
+        print(f"{count:>8} {direct:>10.1f} {count / direct * 1000:>12.2f} "
+              f"{count / unsampled * 1000:>18.2f}")  # fmt: skip
     llama.close()
+    for placement in args.sample_in_graph.split(","):
+        backend = LlamaCppBackend(
+            args.model_path,
+            LlamaCppOptions(
+                context_size=args.context_size,
+                threads=threads,
+                gpu_layers=args.gpu_layers,
+                max_sequences=args.parallel_sequences or max(streams),
+                kv_layout=args.kv_layout,
+                sample_in_graph=placement,
+            ),
+        )
+        # The first pass pays for CUDA's start-up (kernels, graphs): not a step's cost.
+        backend_run(backend, [prompts[streams[0]][0]] * 2, 8)
+        for kind in args.samplings.split(","):
+            sampling = SAMPLED if kind == "sampled" else GREEDY
+            for count in streams:
+                served, steps = backend_run(backend, prompts[count], args.tokens, sampling)
+                step_ms = count * args.tokens / served / steps * 1000
+                print(f"backend in-graph {placement:>4} {kind:>8} {count:>4} streams: "
+                      f"{served:9.1f} tok/s, {step_ms:7.2f} ms/step")  # fmt: skip
+        backend.close()
 
 
 if __name__ == "__main__":

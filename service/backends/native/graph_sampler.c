@@ -85,14 +85,17 @@ static void gs_backend_apply(struct llama_sampler *smpl, struct ggml_context *ct
     (void)gf;
     Seat *seat = (Seat *)smpl->ctx;
     Plan *plan = seat->plan;
-    const int mode = seat->seq_id < plan->sequences ? plan->modes[seat->seq_id] : GS_HOST;
-    if (mode == GS_HOST) return;
     struct ggml_tensor *row = data->logits;
-    /* A step's row is a view of the tensor holding every row; llama.cpp's probe, made
-       once when the sampler is set up, hands a lone row instead. */
+    /* A step's row is a view of the tensor holding every row. llama.cpp's probe, made
+       once when the sampler is set up to size its graphs, hands a lone row instead:
+       it is shown the most this sampler ever adds (a TOP row's), whatever the mode. */
     struct ggml_tensor *all = row->view_src;
+    const int probe = all == NULL || all->ne[0] != row->ne[0];
+    int mode = seat->seq_id < plan->sequences ? plan->modes[seat->seq_id] : GS_HOST;
+    if (probe) mode = GS_TOP;
+    if (mode == GS_HOST) return;
     int64_t index = 0;
-    if (all == NULL || all->ne[0] != row->ne[0]) {
+    if (probe) {
         all = ggml_reshape_2d(ctx, row, row->ne[0], 1);
     } else {
         index = (int64_t)(row->view_offs / all->nb[1]);
@@ -112,8 +115,8 @@ static void gs_backend_apply(struct llama_sampler *smpl, struct ggml_context *ct
     if (plan->top_ids == NULL) plan->top_ids = ggml_top_k(ctx, all, (int)top);
     struct ggml_tensor *ids =
         ggml_view_1d(ctx, plan->top_ids, top, index * plan->top_ids->nb[1]);
-    struct ggml_tensor *values =
-        ggml_get_rows(ctx, ggml_reshape_2d(ctx, ggml_cont(ctx, row), 1, row->ne[0]), ids);
+    /* The row, as that many rows of one value each, to gather the candidates' values. */
+    struct ggml_tensor *values = ggml_get_rows(ctx, ggml_reshape_2d(ctx, row, 1, row->ne[0]), ids);
     data->candidates = ids;
     data->logits = ggml_reshape_1d(ctx, values, top);
 }
