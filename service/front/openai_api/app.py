@@ -1,7 +1,7 @@
 """OpenAI-compatible HTTP, served beside the gRPC port by the same process.
 
-    POST /v1/chat/completions   POST /v1/completions   GET /v1/models
-    GET /v1/models/{model}      GET /health
+    POST /v1/chat/completions   POST /v1/completions   POST /v1/responses
+    GET /v1/models              GET /v1/models/{model}  GET /health
 
 Each request becomes the contract's GenerateRequest (service.front.openai_api.requests)
 and runs through the servicer's own Generate, below its gRPC wrapper: the same
@@ -49,6 +49,7 @@ from service.errors import (
     Unavailable,
     excerpt,
 )
+from service.front.openai_api.conversations import Conversations
 from service.front.openai_api.errors import described, error_body, http_status
 from service.front.openai_api.requests import (
     Body,
@@ -60,7 +61,9 @@ from service.front.openai_api.requests import (
     parse_body,
     wants_usage_in_stream,
 )
+from service.front.openai_api.response_events import ResponseEvents, sse
 from service.front.openai_api.responses import Reply, usage_chunk_of, whole_of
+from service.front.openai_api.responses_api import responses_request
 from service.front.rpc import send_deadline
 from service.request_id import METADATA_KEY, request_id_from
 
@@ -115,12 +118,15 @@ class OpenAiHttp:
             [
                 web.post("/v1/chat/completions", functools.partial(self._complete, chat=True)),
                 web.post("/v1/completions", functools.partial(self._complete, chat=False)),
+                web.post("/v1/responses", self._respond),
                 web.get("/v1/models", self._models),
                 # Hub ids hold a slash: org/name.
                 web.get("/v1/models/{model:.+}", self._model),
                 web.get("/health", self._health),
             ]
         )
+        # The responses `previous_response_id` may continue, kept per server.
+        self._conversations = Conversations()
         self._runner: web.AppRunner | None = None
         self._draining = False
         self._in_flight = 0
@@ -189,6 +195,23 @@ class OpenAiHttp:
 
         name = "ChatCompletions" if chat else "Completions"
         return await self._outcome(name, request).answer(self._counted(work))
+
+    async def _respond(self, request: web.Request) -> web.StreamResponse:
+        """POST /v1/responses: a chat completion in the Responses API's shapes."""
+
+        async def work(outcome: _Outcome) -> web.StreamResponse:
+            body = await _json_body(request, self._body_seconds)
+            asked = responses_request(body, self._conversations)
+            answer = ResponseEvents(asked, self._conversations)
+            events = self._generate(asked.generation, outcome.summary)
+            if asked.stream:
+                frames = (sse(e) async for event in events for e in answer.events(event))
+                return await outcome.send_events(frames, answer.failed)
+            async for event in events:
+                answer.events(event)
+            return outcome.json(answer.response())
+
+        return await self._outcome("Responses", request).answer(self._counted(work))
 
     async def _models(self, request: web.Request) -> web.StreamResponse:
         async def work(outcome: _Outcome) -> web.StreamResponse:
@@ -278,6 +301,9 @@ class _Outcome:
         self._stall_seconds = send_stall_seconds
         self._started = time.monotonic()
         self._stream: web.StreamResponse | None = None
+        # The events that end a stream on an error: chat's `data: {"error": ...}`, or
+        # those `send_events` was given.
+        self._error_events: Callable[[dict[str, Any]], bytes] = _event
 
     async def answer(self, work: Work) -> web.StreamResponse:
         structlog.contextvars.clear_contextvars()  # this request's task has a context of its own
@@ -314,7 +340,7 @@ class _Outcome:
         body = error_body(message, code)
         try:
             if self._stream is not None:  # the stream began: the error is its last event
-                await self._send(_event(body))
+                await self._send(self._error_events(body))
                 with self._sending():
                     await self._stream.write_eof()
                 return self._stream
@@ -384,6 +410,22 @@ class _Outcome:
         if with_usage:
             await self._send(_event(usage_chunk_of(replies)))
         await self._send(b"data: [DONE]\n\n")
+        stream = await self._begun()
+        with self._sending():
+            await stream.write_eof()
+        return stream
+
+    async def send_events(
+        self,
+        frames: AsyncIterator[bytes],
+        on_error: Callable[[dict[str, Any]], list[dict[str, Any]]],
+    ) -> web.StreamResponse:
+        """Server-sent events as they come, each written as `stream` writes a chunk;
+        an error after the first ends the stream with the events `on_error` makes
+        of OpenAI's error body."""
+        self._error_events = lambda body: b"".join(sse(event) for event in on_error(body))
+        async for frame in frames:
+            await self._send(frame)
         stream = await self._begun()
         with self._sending():
             await stream.write_eof()
