@@ -2,6 +2,7 @@
 
     ServiceError
     ├── InvalidRequest        INVALID_ARGUMENT     the request itself is wrong
+    │   └── ContextOverflow   INVALID_ARGUMENT     the prompt and max_tokens exceed the context
     ├── ModelNotFound         NOT_FOUND            no model by that name
     ├── NotSupported          FAILED_PRECONDITION  the model cannot do what was asked
     ├── AccessDenied          PERMISSION_DENIED    a path outside the allowed roots
@@ -15,6 +16,8 @@
 
 Code raises these; `service.front.rpc` turns them into statuses in one place. Any
 other exception becomes INTERNAL with a generic message and a logged traceback.
+An error may name the request field at fault (`param`, OpenAI's name for it): the
+HTTP port shows it; a gRPC status has the message only.
 """
 
 from __future__ import annotations
@@ -29,13 +32,19 @@ class ServiceError(Exception):
 
     code: ClassVar[grpc.StatusCode] = grpc.StatusCode.INTERNAL
 
-    def __init__(self, message: str) -> None:
+    def __init__(self, message: str, *, param: str | None = None) -> None:
         super().__init__(message)
         self.message = message
+        self.param = param
 
 
 class InvalidRequest(ServiceError):
     code = grpc.StatusCode.INVALID_ARGUMENT
+
+
+class ContextOverflow(InvalidRequest):
+    """The prompt, with the tokens asked for, does not fit the model's context window:
+    a client can shorten the conversation and retry (OpenAI's context_length_exceeded)."""
 
 
 class ModelNotFound(ServiceError):

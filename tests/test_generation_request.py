@@ -68,7 +68,7 @@ def test_max_tokens_defaults_to_the_room_left() -> None:
 def test_context_guard_names_the_numbers() -> None:
     with pytest.raises(InvalidRequest, match=r"prompt \(100 tokens\) \+ max_tokens \(500\)"):
         fit_max_tokens(100, 500, default=512, context_length=512)
-    with pytest.raises(InvalidRequest, match="leaves no room"):
+    with pytest.raises(InvalidRequest, match="leave no room"):
         fit_max_tokens(512, None, default=512, context_length=512)
 
 

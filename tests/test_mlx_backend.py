@@ -67,7 +67,7 @@ def reference(checkpoint: Path) -> Any:
 
 
 def params(
-    temperature: float = 0.0, seed: int = 0, repeat_penalty: float = 1.0, **penalties: float
+    temperature: float = 0.0, seed: int = 0, repeat_penalty: float = 1.0, **penalties: Any
 ) -> SamplingParams:
     return SamplingParams(
         temperature=temperature,

@@ -111,6 +111,13 @@ class StepBackend:
     def token_bytes(self, token_id: int) -> bytes:
         return b"x"
 
+    @property
+    def vocab_size(self) -> int:
+        return TOKEN + 1
+
+    def detokenize(self, token_ids: Sequence[int]) -> str:
+        return "x" * len(token_ids)
+
     def close(self) -> None:
         pass
 

@@ -45,6 +45,16 @@ class InferenceStub:
                 request_serializer=inference_dot_v1_dot_inference__pb2.GenerateRequest.SerializeToString,
                 response_deserializer=inference_dot_v1_dot_inference__pb2.GenerateResponse.FromString,
                 _registered_method=True)
+        self.Tokenize = channel.unary_unary(
+                '/inference.v1.Inference/Tokenize',
+                request_serializer=inference_dot_v1_dot_inference__pb2.TokenizeRequest.SerializeToString,
+                response_deserializer=inference_dot_v1_dot_inference__pb2.TokenizeResponse.FromString,
+                _registered_method=True)
+        self.Detokenize = channel.unary_unary(
+                '/inference.v1.Inference/Detokenize',
+                request_serializer=inference_dot_v1_dot_inference__pb2.DetokenizeRequest.SerializeToString,
+                response_deserializer=inference_dot_v1_dot_inference__pb2.DetokenizeResponse.FromString,
+                _registered_method=True)
         self.GenerateImage = channel.unary_stream(
                 '/inference.v1.Inference/GenerateImage',
                 request_serializer=inference_dot_v1_dot_inference__pb2.GenerateImageRequest.SerializeToString,
@@ -88,6 +98,22 @@ class InferenceServicer:
         """Generate streams the completion of a prompt or a chat conversation:
         one GenerationStarted event, then TextDelta events, then one
         GenerationFinished event.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def Tokenize(self, request, context):
+        """Tokenize gives the token ids a model reads for a prompt or a chat
+        conversation (rendered with its chat template, as Generate renders it),
+        without generating anything.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def Detokenize(self, request, context):
+        """Detokenize gives the text that token ids of a model's vocabulary write.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -148,6 +174,16 @@ def add_InferenceServicer_to_server(servicer, server):
                     servicer.Generate,
                     request_deserializer=inference_dot_v1_dot_inference__pb2.GenerateRequest.FromString,
                     response_serializer=inference_dot_v1_dot_inference__pb2.GenerateResponse.SerializeToString,
+            ),
+            'Tokenize': grpc.unary_unary_rpc_method_handler(
+                    servicer.Tokenize,
+                    request_deserializer=inference_dot_v1_dot_inference__pb2.TokenizeRequest.FromString,
+                    response_serializer=inference_dot_v1_dot_inference__pb2.TokenizeResponse.SerializeToString,
+            ),
+            'Detokenize': grpc.unary_unary_rpc_method_handler(
+                    servicer.Detokenize,
+                    request_deserializer=inference_dot_v1_dot_inference__pb2.DetokenizeRequest.FromString,
+                    response_serializer=inference_dot_v1_dot_inference__pb2.DetokenizeResponse.SerializeToString,
             ),
             'GenerateImage': grpc.unary_stream_rpc_method_handler(
                     servicer.GenerateImage,
@@ -230,6 +266,60 @@ class Inference:
             '/inference.v1.Inference/Generate',
             inference_dot_v1_dot_inference__pb2.GenerateRequest.SerializeToString,
             inference_dot_v1_dot_inference__pb2.GenerateResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Tokenize(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/inference.v1.Inference/Tokenize',
+            inference_dot_v1_dot_inference__pb2.TokenizeRequest.SerializeToString,
+            inference_dot_v1_dot_inference__pb2.TokenizeResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Detokenize(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/inference.v1.Inference/Detokenize',
+            inference_dot_v1_dot_inference__pb2.DetokenizeRequest.SerializeToString,
+            inference_dot_v1_dot_inference__pb2.DetokenizeResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -121,6 +121,16 @@ class TextBackend(Protocol):
 
     def token_bytes(self, token_id: int) -> bytes: ...
 
+    @property
+    def vocab_size(self) -> int:
+        """How many token ids the model has: a request's ids are below it."""
+        ...
+
+    def detokenize(self, token_ids: Sequence[int]) -> str:
+        """The text ids of the vocabulary write, special tokens as their text (invalid
+        UTF-8 as U+FFFD)."""
+        ...
+
     def close(self) -> None: ...
 
 

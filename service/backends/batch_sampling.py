@@ -53,6 +53,8 @@ def batchable(params: SamplingParams) -> bool:
     """Whether this request's settings are sampled here rather than by llama.cpp."""
     if params.repeat_penalty < 1.0 or params.presence_penalty < 0 or params.frequency_penalty < 0:
         return False  # raises repeated tokens from anywhere in the row
+    if params.logit_bias:
+        return False  # raises or lowers any token of the row: llama.cpp's logit-bias sampler
     return params.temperature == 0 or 0 < params.top_k <= MAX_TOP_K
 
 

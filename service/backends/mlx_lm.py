@@ -178,6 +178,13 @@ class MlxLmBackend:
             self._control_texts = ControlTexts(token.content for token in added if token.special)
         return self._control_texts
 
+    @property
+    def vocab_size(self) -> int:
+        return len(self._pieces)  # the tokenizer's: embedding rows past it are padding
+
+    def detokenize(self, token_ids: Sequence[int]) -> str:
+        return str(self._tokenizer.decode(list(token_ids), skip_special_tokens=False))
+
     def token_bytes(self, token_id: int) -> bytes:
         if 0 <= token_id < len(self._pieces):
             return self._pieces[token_id]
@@ -216,7 +223,7 @@ class MlxLmBackend:
                 min_p=sampling.min_p,
                 top_k=sampling.top_k,
             ),
-            logits_processors=_penalties(prompt[:start], sampling),
+            logits_processors=_processors(prompt[:start], sampling),
             prompt_cache=self._cache,
         )
         self._cache_ids = []  # should generate_step fail, the cache holds an unknown prefix
@@ -297,6 +304,14 @@ def _trim(cache: list[Any], count: int) -> bool:
         return False
     trimmed: Any = trim_prompt_cache(cache, count)  # annotated as a list, it is the count
     return bool(trimmed == count)
+
+
+def _processors(cached: Sequence[int], sampling: SamplingParams) -> list[LogitsProcessor] | None:
+    """The logit bias first (as llama.cpp's chain has it), then the penalties."""
+    processors = _penalties(cached, sampling) or []
+    if sampling.logit_bias:
+        processors = make_logits_processors(logit_bias=dict(sampling.logit_bias)) + processors
+    return processors or None
 
 
 def _penalties(cached: Sequence[int], sampling: SamplingParams) -> list[LogitsProcessor] | None:

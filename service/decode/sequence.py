@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 from service.backends.base import SequenceRequest, TextBackend
 from service.decode.text import Released, TextAssembler
-from service.errors import InvalidRequest
+from service.errors import ContextOverflow
 from service.text.requests import (
     Delta,
     Finished,
@@ -58,20 +58,27 @@ class DecodePlan:
 def fit_max_tokens(
     prompt_tokens: int, requested: int | None, default: int, context_length: int
 ) -> int:
-    """The completion budget, or InvalidRequest when the prompt does not fit."""
+    """The completion budget, or ContextOverflow when the prompt does not fit.
+
+    The message says it in the words client libraries recognise an overflow by:
+    OpenAI's "This model's maximum context length is" (litellm) and "prompt is too
+    long" (LangChain, which reads the exception's text, where the openai SDK puts the
+    message and not the code), besides the numbers."""
     room = context_length - prompt_tokens
     if room < 1:
-        raise InvalidRequest(
-            f"the prompt is {prompt_tokens} tokens; the context window of "
-            f"{context_length} tokens leaves no room to generate. Shorten the prompt."
+        raise ContextOverflow(
+            f"This model's maximum context length is {context_length} tokens; the prompt "
+            f"is too long: its {prompt_tokens} tokens leave no room in the context window "
+            "to generate. Shorten the prompt."
         )
     if requested is None:
         return min(default, room)
     if requested > room:
-        raise InvalidRequest(
-            f"prompt ({prompt_tokens} tokens) + max_tokens ({requested}) exceeds the "
-            f"context window of {context_length} tokens; ask for at most {room} tokens "
-            "or shorten the prompt."
+        raise ContextOverflow(
+            f"This model's maximum context length is {context_length} tokens; the prompt "
+            f"is too long for max_tokens: prompt ({prompt_tokens} tokens) + max_tokens "
+            f"({requested}) exceeds the context window. Ask for at most {room} tokens or "
+            "shorten the prompt."
         )
     return requested
 

@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
 from inference.v1 import inference_pb2 as pb
+from service.embeddings.requests import Embedded, EmbedRequest
 from service.errors import Unavailable
 from service.images.requests import ImageRequest, ImageStep, RenderedImage
 from service.text.requests import GenerationRequest
@@ -82,6 +83,18 @@ class Engine(Protocol):
         self, request: ImageRequest, received_at: float
     ) -> AsyncIterator[ImageStep | RenderedImage]:
         """Progress, then the image; stopping early cancels it."""
+        ...
+
+    async def embed(self, request: EmbedRequest) -> Embedded:
+        """The vectors of one request's inputs, evaluated with other requests waiting."""
+        ...
+
+    async def tokenize(self, request: GenerationRequest) -> pb.TokenizeResponse:
+        """The ids `request`'s prompt or messages become, as a generation would feed them."""
+        ...
+
+    async def detokenize(self, token_ids: Sequence[int]) -> pb.DetokenizeResponse:
+        """The text ids of the model's vocabulary write."""
         ...
 
     def memory(self) -> MeasuredMemory | None:

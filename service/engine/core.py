@@ -47,11 +47,13 @@ from service.text.requests import (
     Started,
     Tool,
     ToolChoice,
+    check_token_ids,
 )
 from service.tools.base import ToolCallParser
 from service.tools.conventions import parser_for_template, with_tool_calls
 
 TextSink = EventSink[pb.GenerateResponse]
+TokensSink = EventSink[pb.TokenizeResponse | pb.DetokenizeResponse]
 ImageSink = EventSink[ImageStep | RenderedImage]
 
 log = structlog.get_logger("engine")
@@ -152,6 +154,47 @@ class EngineCore:
             sink.close(exc)
             self._publish()
 
+    def submit_tokenize(self, request: GenerationRequest, sink: TokensSink) -> None:
+        """The ids `request`'s prompt or messages become, as `_prepare` makes them, to
+        `sink`; on the preparation thread (which owns the tokenizer's work), in the
+        caller's context. Called from any thread."""
+
+        def tokenize() -> pb.TokenizeResponse:
+            ids = self._prompt_ids(request)
+            name, window = self.options.name, self._text.context_length
+            return pb.TokenizeResponse(token_ids=ids, model=name, context_length=window)
+
+        self._preparer.submit(in_this_context(lambda: self._answer(tokenize, sink)))
+
+    def submit_detokenize(self, token_ids: Sequence[int], sink: TokensSink) -> None:
+        """The text `token_ids` write, to `sink`; as submit_tokenize."""
+
+        def detokenize() -> pb.DetokenizeResponse:
+            backend = self._text
+            check_token_ids(token_ids, backend.vocab_size, "tokens")
+            return pb.DetokenizeResponse(
+                text=backend.detokenize(token_ids), model=self.options.name
+            )
+
+        self._preparer.submit(in_this_context(lambda: self._answer(detokenize, sink)))
+
+    def _answer(
+        self,
+        work: Callable[[], pb.TokenizeResponse | pb.DetokenizeResponse],
+        sink: TokensSink,
+    ) -> None:
+        """One answer of the tokenizer, or its error, to `sink`."""
+        try:
+            self._scheduler()  # a text model's
+            sink.send(work())
+        except ServiceError as exc:
+            sink.close(exc)
+        except Exception as exc:  # the library's failure is this request's (no state)
+            sink.close(library_failure(f"the tokenizer of model {self.options.name!r} failed", exc))
+        else:
+            sink.close()
+        self._publish()
+
     def submit_image(self, request: ImageRequest, received_at: float, sink: ImageSink) -> None:
         """Queue one image on the worker thread, in the caller's context (as submit_text:
         what the pipeline logs names the request)."""
@@ -223,6 +266,8 @@ class EngineCore:
         grammar = request.grammar
         if request.tool_choice is not None:
             grammar = self._forced_call(request.tools, request.tool_choice, parser)
+        biased = (token for token, _ in request.sampling.logit_bias)
+        check_token_ids(biased, backend.vocab_size, "logit_bias")
         prompt_ids = self._prompt_ids(request)
         max_tokens = fit_max_tokens(
             prompt_tokens=len(prompt_ids),
@@ -264,6 +309,9 @@ class EngineCore:
 
     def _prompt_ids(self, request: GenerationRequest) -> list[int]:
         backend = self._text
+        if request.prompt_token_ids:
+            check_token_ids(request.prompt_token_ids, backend.vocab_size, "prompt")
+            return list(request.prompt_token_ids)
         if request.prompt is not None:
             return self._tokenize(request.prompt, add_bos=backend.adds_bos)
         tokens = backend.template_tokens

@@ -27,7 +27,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from typing import IO
 
 import structlog
@@ -35,6 +35,7 @@ from google.protobuf.message import DecodeError, Message
 
 from inference.engine.v1 import engine_pb2 as epb
 from inference.v1 import inference_pb2 as pb
+from service.embeddings.requests import Embedded, EmbedRequest
 from service.engine import wire
 from service.engine.base import EngineCrashed, EngineHooks, EngineInfo, MeasuredMemory
 from service.engine.exit_cause import OutputTail, describe_exit, oom_kill_count
@@ -176,6 +177,22 @@ class EngineProcess:
         async for event in self._exchange(socket_id, message, self._ceiling()):
             yield event.text
 
+    async def tokenize(self, request: GenerationRequest) -> pb.TokenizeResponse:
+        socket_id = next(self._ids)
+        message = wire.tokenize_message(socket_id, request, request_id=current_request_id())
+        return (await self._answer(socket_id, message)).tokenized
+
+    async def detokenize(self, token_ids: Sequence[int]) -> pb.DetokenizeResponse:
+        socket_id = next(self._ids)
+        message = wire.detokenize_message(socket_id, token_ids, request_id=current_request_id())
+        return (await self._answer(socket_id, message)).detokenized
+
+    async def _answer(self, socket_id: int, message: epb.ToEngine) -> epb.Event:
+        """The one event a request is answered by."""
+        async for event in self._exchange(socket_id, message):
+            answer = event
+        return answer
+
     def _ceiling(self) -> float | None:
         """How long after its start the front lets a generation run: the engine's own
         decode ceiling, plus the time a hung engine takes to be noticed."""
@@ -195,6 +212,19 @@ class EngineProcess:
             else:
                 progress = event.image_progress
                 yield ImageStep(progress.step, progress.total_steps, progress.elapsed_ms)
+
+    async def embed(self, request: EmbedRequest) -> Embedded:
+        socket_id = next(self._ids)
+        message = wire.embed_message(
+            socket_id, request, time.monotonic(), request_id=current_request_id()
+        )
+        embedded: Embedded | None = None
+        async for event in self._exchange(socket_id, message):
+            if event.WhichOneof("event") == "embedded":
+                embedded = Embedded.from_pb(event.embedded)
+        if embedded is None:
+            raise Unavailable(f"model {self.name!r} ended the request without its vectors")
+        return embedded
 
     def memory(self) -> MeasuredMemory | None:
         gpu = _GPU_MEMORY.of(self._process.pid) if self._info.computes_off_cpu else 0

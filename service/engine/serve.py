@@ -123,10 +123,21 @@ class RemoteSink:
     def cancelled(self) -> threading.Event:
         return self._cancelled
 
-    def send(self, item: pb.GenerateResponse | ImageStep | RenderedImage) -> None:
+    def send(
+        self,
+        item: pb.GenerateResponse
+        | ImageStep
+        | RenderedImage
+        | pb.TokenizeResponse
+        | pb.DetokenizeResponse,
+    ) -> None:
         event = epb.Event(id=self._id)
         if isinstance(item, pb.GenerateResponse):
             event.text.CopyFrom(item)
+        elif isinstance(item, pb.TokenizeResponse):
+            event.tokenized.CopyFrom(item)
+        elif isinstance(item, pb.DetokenizeResponse):
+            event.detokenized.CopyFrom(item)
         elif isinstance(item, ImageStep):
             event.image_progress.CopyFrom(item.to_pb().progress)
         else:
@@ -206,6 +217,10 @@ class EngineServer:
             self._generate(message.generate)
         elif kind == "generate_image":
             self._generate_image(message.generate_image)
+        elif kind == "tokenize":
+            self._tokenize(message.tokenize)
+        elif kind == "detokenize":
+            self._detokenize(message.detokenize)
         elif kind == "cancel":
             self._cancel(message.cancel.id)
         elif kind == "shutdown":
@@ -235,6 +250,19 @@ class EngineServer:
         with bound_request_id(image.request_id):  # as in _generate
             log.debug("request received", kind="image")
             self._served().submit_image(wire.image_request(image), image.received_at, sink)
+
+    def _tokenize(self, tokenize: epb.Tokenize) -> None:
+        sink = self._sink(tokenize.id, tokenize.request_id)
+        with bound_request_id(tokenize.request_id):  # as in _generate
+            log.debug("request received", kind="tokenize")
+            request = wire.tokenize_request(tokenize, self._options.name)
+            self._served().submit_tokenize(request, sink)
+
+    def _detokenize(self, detokenize: epb.Detokenize) -> None:
+        sink = self._sink(detokenize.id, detokenize.request_id)
+        with bound_request_id(detokenize.request_id):
+            log.debug("request received", kind="detokenize")
+            self._served().submit_detokenize(tuple(detokenize.token_ids), sink)
 
     def _cancel(self, socket_id: int) -> None:
         sink = self._sinks.get(socket_id)

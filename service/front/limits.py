@@ -77,8 +77,8 @@ def _check_tools(request: pb.GenerateRequest) -> None:
 
 
 def _prompt_bytes(request: pb.GenerateRequest, limit: int) -> int:
-    """UTF-8 bytes of the prompt, or of every message's text, tool calls included, and
-    the tools' descriptions and schemas: all of it reaches the template.
+    """UTF-8 bytes of the prompt (its token ids), or of every message's text, tool calls
+    included, and the tools' descriptions and schemas: all of it reaches the template.
 
     A text has at least as many bytes as characters, so texts with more
     characters than `limit` are over it without being encoded: the character
@@ -90,7 +90,9 @@ def _prompt_bytes(request: pb.GenerateRequest, limit: int) -> int:
         texts += [call.arguments_json for call in message.tool_calls]
     for tool in request.tools:
         texts += [tool.description, tool.parameters_json]
-    characters = sum(map(len, texts))
+    # A prompt of token ids counts 4 bytes an id, about what a token's text takes.
+    ids = 4 * len(request.prompt_token_ids)
+    characters = sum(map(len, texts)) + ids
     if characters > limit:
         return characters
-    return sum(len(text.encode()) for text in texts)
+    return sum(len(text.encode()) for text in texts) + ids

@@ -32,7 +32,12 @@ from service.serving.images import ImageGenerator
 from service.serving.outbox import ahead_of_reader
 from service.serving.pulls import Pulls
 from service.serving.text import TextGenerator
-from service.text.requests import FinishReason, GenerationLimits, GenerationRequest
+from service.text.requests import (
+    FinishReason,
+    GenerationLimits,
+    GenerationRequest,
+    tokenize_request,
+)
 
 
 class InferenceServicer(pb_grpc.InferenceServicer):
@@ -112,6 +117,35 @@ class InferenceServicer(pb_grpc.InferenceServicer):
                     if self.metrics is not None:
                         self.metrics.generation(response.finished, summary["model"])
                 yield response
+
+    @unary_rpc
+    async def Tokenize(self, request: pb.TokenizeRequest, summary: Summary) -> pb.TokenizeResponse:
+        check_model_name(request.model)
+        as_generation = pb.GenerateRequest(
+            model=request.model,
+            prompt=request.prompt,
+            messages=request.messages,
+            tools=request.tools,
+        )
+        self._request_limits.check(as_generation)
+        tokenize = await self.offload.run(tokenize_request, request)
+        summary["model"] = tokenize.model or self._pool.catalog.default_model
+        async with self._gate.slot(summary["model"]):
+            answer = await self._text.tokenize(tokenize)
+        summary.update(model=answer.model, prompt_tokens=len(answer.token_ids))
+        return answer
+
+    @unary_rpc
+    async def Detokenize(
+        self, request: pb.DetokenizeRequest, summary: Summary
+    ) -> pb.DetokenizeResponse:
+        check_model_name(request.model)
+        self._request_limits.check(pb.GenerateRequest(prompt_token_ids=request.token_ids))
+        summary["model"] = request.model or self._pool.catalog.default_model
+        async with self._gate.slot(summary["model"]):
+            answer = await self._text.detokenize(request.model, request.token_ids)
+        summary.update(model=answer.model, tokens=len(request.token_ids))
+        return answer
 
     @unary_rpc
     async def ListModels(

@@ -8,7 +8,7 @@ module holds the model for the length of the stream.
 from __future__ import annotations
 
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 
 from inference.v1 import inference_pb2 as pb
 from service.admission import Capability
@@ -35,3 +35,12 @@ class TextGenerator:
             engine = model.require(Capability.TEXT)
             async for response in engine.generate(request, received_at):
                 yield response
+
+    async def tokenize(self, request: GenerationRequest) -> pb.TokenizeResponse:
+        """The ids `request`'s prompt or messages become in its model."""
+        async with self._pool.use(request.model) as model:
+            return await model.require(Capability.TEXT).tokenize(request)
+
+    async def detokenize(self, model_name: str, token_ids: Sequence[int]) -> pb.DetokenizeResponse:
+        async with self._pool.use(model_name) as model:
+            return await model.require(Capability.TEXT).detokenize(token_ids)

@@ -11,6 +11,7 @@ import json
 import math
 import random
 import re
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
@@ -31,7 +32,11 @@ MAX_TEMPERATURE = 2.0
 MAX_REPEAT_PENALTY = 10.0
 # Presence and frequency penalties: OpenAI's range.
 MAX_ADDITIVE_PENALTY = 2.0
+# logit_bias: OpenAI's range of a bias, and a bound on how many tokens one request biases.
+MAX_LOGIT_BIAS = 100.0
+MAX_LOGIT_BIAS_TOKENS = 1024
 _FRACTIONS = ("temperature", "top_p", "min_p")
+_PROMPTS = ("prompt", "messages", "prompt_token_ids")
 _ADDITIVE_PENALTIES = ("presence_penalty", "frequency_penalty")
 # The function names OpenAI-style clients allow; every tool-call convention we
 # parse can write them (FunctionGemma's needs an identifier, hence no dots).
@@ -217,6 +222,8 @@ class SamplingParams:
     # Subtracted from the logits of recent tokens: once each, and once per occurrence.
     presence_penalty: float = 0.0
     frequency_penalty: float = 0.0
+    # (token id, bias) pairs added to the logits before anything else (llama.cpp's chain).
+    logit_bias: tuple[tuple[int, float], ...] = ()
 
     @property
     def penalized(self) -> bool:
@@ -253,6 +260,8 @@ class SamplingOverrides:
     seed: int | None = None
     presence_penalty: float | None = None
     frequency_penalty: float | None = None
+    # (token id, bias) pairs, ids ascending; empty: none. Not a default of the model's.
+    logit_bias: tuple[tuple[int, float], ...] = ()
 
     def resolve(self, defaults: SamplingDefaults) -> SamplingParams:
         return SamplingParams(
@@ -264,6 +273,7 @@ class SamplingOverrides:
             seed=_pick(self.seed, random.randrange(2**32)),
             presence_penalty=_pick(self.presence_penalty, defaults.presence_penalty),
             frequency_penalty=_pick(self.frequency_penalty, defaults.frequency_penalty),
+            logit_bias=self.logit_bias,
         )
 
     def validate(self) -> None:
@@ -294,6 +304,40 @@ class SamplingOverrides:
                     f"{name} must be in [-{MAX_ADDITIVE_PENALTY:g}, {MAX_ADDITIVE_PENALTY:g}] "
                     f"(0 is off), got {value}"
                 )
+        self._validate_logit_bias()
+
+    def _validate_logit_bias(self) -> None:
+        """The biases' count and range; the ids against the vocabulary are the engine's
+        to check (`check_token_ids`), which knows the model."""
+        if len(self.logit_bias) > MAX_LOGIT_BIAS_TOKENS:
+            raise InvalidRequest(
+                f"logit_bias may bias at most {MAX_LOGIT_BIAS_TOKENS} tokens, "
+                f"got {len(self.logit_bias)}",
+                param="logit_bias",
+            )
+        for token, bias in self.logit_bias:
+            if token < 0:
+                raise InvalidRequest(
+                    f"logit_bias names token id {token}; ids are 0 or more", param="logit_bias"
+                )
+            if not -MAX_LOGIT_BIAS <= bias <= MAX_LOGIT_BIAS:  # NaN too
+                raise InvalidRequest(
+                    f"logit_bias of token {token} must be in [-{MAX_LOGIT_BIAS:g}, "
+                    f"{MAX_LOGIT_BIAS:g}], got {bias}",
+                    param="logit_bias",
+                )
+
+
+def check_token_ids(ids: Iterable[int], vocabulary: int, field: str) -> None:
+    """InvalidRequest naming the first id of `ids` outside a vocabulary of `vocabulary`
+    tokens, and `field` as the request's field at fault."""
+    for token in ids:
+        if not 0 <= token < vocabulary:
+            raise InvalidRequest(
+                f"{field} names token id {token}; this model's vocabulary has ids 0 to "
+                f"{vocabulary - 1}",
+                param=field,
+            )
 
 
 @dataclass(frozen=True)
@@ -326,6 +370,8 @@ class GenerationRequest:
     top_logprobs: int = 0
     # Set when a tool call is forced; the engine builds its grammar.
     tool_choice: ToolChoice | None = None
+    # A prompt of token ids, fed as they are (then prompt is None and messages empty).
+    prompt_token_ids: tuple[int, ...] = ()
 
     @classmethod
     def from_pb(
@@ -359,6 +405,7 @@ class GenerationRequest:
                 seed=msg.seed if msg.HasField("seed") else None,
                 presence_penalty=optional("presence_penalty"),
                 frequency_penalty=optional("frequency_penalty"),
+                logit_bias=tuple(sorted(msg.logit_bias.items())),
             ),
             tools=tuple(Tool.from_pb(tool) for tool in msg.tools),
             grammar=grammar,
@@ -367,6 +414,7 @@ class GenerationRequest:
             tool_choice=(
                 ToolChoice.from_pb(msg.tool_choice) if msg.HasField("tool_choice") else None
             ),
+            prompt_token_ids=tuple(msg.prompt_token_ids),
         )
         if msg.HasField("top_logprobs") and msg.top_logprobs and not msg.logprobs:
             raise InvalidRequest("top_logprobs needs logprobs to be set")
@@ -375,10 +423,14 @@ class GenerationRequest:
 
     def validate(self, limits: GenerationLimits | None = None) -> None:
         limits = limits or GenerationLimits()
-        if self.prompt is not None and self.messages:
-            raise InvalidRequest("set either `prompt` or `messages`, not both")
-        if self.prompt is None and not self.messages:
+        set_ = (self.prompt is not None, bool(self.messages), bool(self.prompt_token_ids))
+        given = [name for name, is_set in zip(_PROMPTS, set_, strict=True) if is_set]
+        if len(given) > 1:
+            raise InvalidRequest(f"set either `{given[0]}` or `{given[1]}`, not both")
+        if not given:
             raise InvalidRequest("the request needs a non-empty `prompt` or `messages`")
+        if any(token < 0 for token in self.prompt_token_ids):
+            raise InvalidRequest("prompt_token_ids must be 0 or more", param="prompt")
         for index, message in enumerate(self.messages):
             message.validate(index)
         if self.max_tokens is not None and self.max_tokens < 1:
@@ -430,6 +482,24 @@ class GenerationRequest:
                 raise InvalidRequest(
                     f"stop sequences are limited to {MAX_STOP_SEQUENCE_CHARS} characters"
                 )
+
+
+def tokenize_request(msg: pb.TokenizeRequest) -> GenerationRequest:
+    """What a TokenizeRequest asks to tokenize, validated as the prompt of a
+    GenerationRequest is (its messages and tools); an empty prompt is allowed."""
+    request = GenerationRequest(
+        model=msg.model,
+        prompt=None if msg.messages else msg.prompt,
+        messages=tuple(ChatMessage.from_pb(m) for m in msg.messages),
+        max_tokens=None,
+        stop=(),
+        sampling=SamplingOverrides(),
+        tools=tuple(Tool.from_pb(tool) for tool in msg.tools),
+    )
+    for index, message in enumerate(request.messages):
+        message.validate(index)
+    request._validate_tools()
+    return request
 
 
 class FinishReason(enum.Enum):

@@ -8,18 +8,22 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 DESCRIPTOR: _descriptor.FileDescriptor
 
 class ToEngine(_message.Message):
-    __slots__ = ("load", "generate", "generate_image", "cancel", "shutdown")
+    __slots__ = ("load", "generate", "generate_image", "cancel", "shutdown", "tokenize", "detokenize")
     LOAD_FIELD_NUMBER: _ClassVar[int]
     GENERATE_FIELD_NUMBER: _ClassVar[int]
     GENERATE_IMAGE_FIELD_NUMBER: _ClassVar[int]
     CANCEL_FIELD_NUMBER: _ClassVar[int]
     SHUTDOWN_FIELD_NUMBER: _ClassVar[int]
+    TOKENIZE_FIELD_NUMBER: _ClassVar[int]
+    DETOKENIZE_FIELD_NUMBER: _ClassVar[int]
     load: Load
     generate: Generate
     generate_image: GenerateImage
     cancel: Cancel
     shutdown: Shutdown
-    def __init__(self, load: _Optional[_Union[Load, _Mapping]] = ..., generate: _Optional[_Union[Generate, _Mapping]] = ..., generate_image: _Optional[_Union[GenerateImage, _Mapping]] = ..., cancel: _Optional[_Union[Cancel, _Mapping]] = ..., shutdown: _Optional[_Union[Shutdown, _Mapping]] = ...) -> None: ...
+    tokenize: Tokenize
+    detokenize: Detokenize
+    def __init__(self, load: _Optional[_Union[Load, _Mapping]] = ..., generate: _Optional[_Union[Generate, _Mapping]] = ..., generate_image: _Optional[_Union[GenerateImage, _Mapping]] = ..., cancel: _Optional[_Union[Cancel, _Mapping]] = ..., shutdown: _Optional[_Union[Shutdown, _Mapping]] = ..., tokenize: _Optional[_Union[Tokenize, _Mapping]] = ..., detokenize: _Optional[_Union[Detokenize, _Mapping]] = ...) -> None: ...
 
 class FromEngine(_message.Message):
     __slots__ = ("loaded", "load_failed", "events", "model_failed", "heartbeat")
@@ -94,12 +98,16 @@ class Loaded(_message.Message):
     def __init__(self, backend: _Optional[str] = ..., context_length: _Optional[int] = ..., computes_off_cpu: _Optional[bool] = ...) -> None: ...
 
 class Status(_message.Message):
-    __slots__ = ("code", "message")
+    __slots__ = ("code", "message", "param", "error")
     CODE_FIELD_NUMBER: _ClassVar[int]
     MESSAGE_FIELD_NUMBER: _ClassVar[int]
+    PARAM_FIELD_NUMBER: _ClassVar[int]
+    ERROR_FIELD_NUMBER: _ClassVar[int]
     code: int
     message: str
-    def __init__(self, code: _Optional[int] = ..., message: _Optional[str] = ...) -> None: ...
+    param: str
+    error: str
+    def __init__(self, code: _Optional[int] = ..., message: _Optional[str] = ..., param: _Optional[str] = ..., error: _Optional[str] = ...) -> None: ...
 
 class Generate(_message.Message):
     __slots__ = ("id", "received_at", "request_id", "text")
@@ -114,7 +122,7 @@ class Generate(_message.Message):
     def __init__(self, id: _Optional[int] = ..., received_at: _Optional[float] = ..., request_id: _Optional[str] = ..., text: _Optional[_Union[TextRequest, _Mapping]] = ...) -> None: ...
 
 class TextRequest(_message.Message):
-    __slots__ = ("model", "prompt", "messages", "max_tokens", "stop", "sampling", "tools", "grammar", "grammar_branches", "logprobs", "top_logprobs", "tool_choice")
+    __slots__ = ("model", "prompt", "messages", "max_tokens", "stop", "sampling", "tools", "grammar", "grammar_branches", "logprobs", "top_logprobs", "tool_choice", "prompt_token_ids")
     MODEL_FIELD_NUMBER: _ClassVar[int]
     PROMPT_FIELD_NUMBER: _ClassVar[int]
     MESSAGES_FIELD_NUMBER: _ClassVar[int]
@@ -127,6 +135,7 @@ class TextRequest(_message.Message):
     LOGPROBS_FIELD_NUMBER: _ClassVar[int]
     TOP_LOGPROBS_FIELD_NUMBER: _ClassVar[int]
     TOOL_CHOICE_FIELD_NUMBER: _ClassVar[int]
+    PROMPT_TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
     model: str
     prompt: str
     messages: _containers.RepeatedCompositeFieldContainer[_inference_pb2.ChatMessage]
@@ -139,10 +148,18 @@ class TextRequest(_message.Message):
     logprobs: bool
     top_logprobs: int
     tool_choice: _inference_pb2.ToolChoice
-    def __init__(self, model: _Optional[str] = ..., prompt: _Optional[str] = ..., messages: _Optional[_Iterable[_Union[_inference_pb2.ChatMessage, _Mapping]]] = ..., max_tokens: _Optional[int] = ..., stop: _Optional[_Iterable[str]] = ..., sampling: _Optional[_Union[Sampling, _Mapping]] = ..., tools: _Optional[_Iterable[_Union[_inference_pb2.Tool, _Mapping]]] = ..., grammar: _Optional[str] = ..., grammar_branches: _Optional[int] = ..., logprobs: _Optional[bool] = ..., top_logprobs: _Optional[int] = ..., tool_choice: _Optional[_Union[_inference_pb2.ToolChoice, _Mapping]] = ...) -> None: ...
+    prompt_token_ids: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, model: _Optional[str] = ..., prompt: _Optional[str] = ..., messages: _Optional[_Iterable[_Union[_inference_pb2.ChatMessage, _Mapping]]] = ..., max_tokens: _Optional[int] = ..., stop: _Optional[_Iterable[str]] = ..., sampling: _Optional[_Union[Sampling, _Mapping]] = ..., tools: _Optional[_Iterable[_Union[_inference_pb2.Tool, _Mapping]]] = ..., grammar: _Optional[str] = ..., grammar_branches: _Optional[int] = ..., logprobs: _Optional[bool] = ..., top_logprobs: _Optional[int] = ..., tool_choice: _Optional[_Union[_inference_pb2.ToolChoice, _Mapping]] = ..., prompt_token_ids: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class Sampling(_message.Message):
-    __slots__ = ("temperature", "top_p", "top_k", "min_p", "repeat_penalty", "seed", "presence_penalty", "frequency_penalty")
+    __slots__ = ("temperature", "top_p", "top_k", "min_p", "repeat_penalty", "seed", "presence_penalty", "frequency_penalty", "logit_bias")
+    class LogitBiasEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: int
+        value: float
+        def __init__(self, key: _Optional[int] = ..., value: _Optional[float] = ...) -> None: ...
     TEMPERATURE_FIELD_NUMBER: _ClassVar[int]
     TOP_P_FIELD_NUMBER: _ClassVar[int]
     TOP_K_FIELD_NUMBER: _ClassVar[int]
@@ -151,6 +168,7 @@ class Sampling(_message.Message):
     SEED_FIELD_NUMBER: _ClassVar[int]
     PRESENCE_PENALTY_FIELD_NUMBER: _ClassVar[int]
     FREQUENCY_PENALTY_FIELD_NUMBER: _ClassVar[int]
+    LOGIT_BIAS_FIELD_NUMBER: _ClassVar[int]
     temperature: float
     top_p: float
     top_k: int
@@ -159,7 +177,32 @@ class Sampling(_message.Message):
     seed: int
     presence_penalty: float
     frequency_penalty: float
-    def __init__(self, temperature: _Optional[float] = ..., top_p: _Optional[float] = ..., top_k: _Optional[int] = ..., min_p: _Optional[float] = ..., repeat_penalty: _Optional[float] = ..., seed: _Optional[int] = ..., presence_penalty: _Optional[float] = ..., frequency_penalty: _Optional[float] = ...) -> None: ...
+    logit_bias: _containers.ScalarMap[int, float]
+    def __init__(self, temperature: _Optional[float] = ..., top_p: _Optional[float] = ..., top_k: _Optional[int] = ..., min_p: _Optional[float] = ..., repeat_penalty: _Optional[float] = ..., seed: _Optional[int] = ..., presence_penalty: _Optional[float] = ..., frequency_penalty: _Optional[float] = ..., logit_bias: _Optional[_Mapping[int, float]] = ...) -> None: ...
+
+class Tokenize(_message.Message):
+    __slots__ = ("id", "request_id", "prompt", "messages", "tools")
+    ID_FIELD_NUMBER: _ClassVar[int]
+    REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    PROMPT_FIELD_NUMBER: _ClassVar[int]
+    MESSAGES_FIELD_NUMBER: _ClassVar[int]
+    TOOLS_FIELD_NUMBER: _ClassVar[int]
+    id: int
+    request_id: str
+    prompt: str
+    messages: _containers.RepeatedCompositeFieldContainer[_inference_pb2.ChatMessage]
+    tools: _containers.RepeatedCompositeFieldContainer[_inference_pb2.Tool]
+    def __init__(self, id: _Optional[int] = ..., request_id: _Optional[str] = ..., prompt: _Optional[str] = ..., messages: _Optional[_Iterable[_Union[_inference_pb2.ChatMessage, _Mapping]]] = ..., tools: _Optional[_Iterable[_Union[_inference_pb2.Tool, _Mapping]]] = ...) -> None: ...
+
+class Detokenize(_message.Message):
+    __slots__ = ("id", "request_id", "token_ids")
+    ID_FIELD_NUMBER: _ClassVar[int]
+    REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
+    id: int
+    request_id: str
+    token_ids: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, id: _Optional[int] = ..., request_id: _Optional[str] = ..., token_ids: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class GenerateImage(_message.Message):
     __slots__ = ("id", "received_at", "request", "request_id")
@@ -186,18 +229,22 @@ class Shutdown(_message.Message):
     def __init__(self, reason: _Optional[str] = ...) -> None: ...
 
 class Event(_message.Message):
-    __slots__ = ("id", "text", "image_progress", "image", "end")
+    __slots__ = ("id", "text", "image_progress", "image", "end", "tokenized", "detokenized")
     ID_FIELD_NUMBER: _ClassVar[int]
     TEXT_FIELD_NUMBER: _ClassVar[int]
     IMAGE_PROGRESS_FIELD_NUMBER: _ClassVar[int]
     IMAGE_FIELD_NUMBER: _ClassVar[int]
     END_FIELD_NUMBER: _ClassVar[int]
+    TOKENIZED_FIELD_NUMBER: _ClassVar[int]
+    DETOKENIZED_FIELD_NUMBER: _ClassVar[int]
     id: int
     text: _inference_pb2.GenerateResponse
     image_progress: _inference_pb2.ImageProgress
     image: RenderedImage
     end: Status
-    def __init__(self, id: _Optional[int] = ..., text: _Optional[_Union[_inference_pb2.GenerateResponse, _Mapping]] = ..., image_progress: _Optional[_Union[_inference_pb2.ImageProgress, _Mapping]] = ..., image: _Optional[_Union[RenderedImage, _Mapping]] = ..., end: _Optional[_Union[Status, _Mapping]] = ...) -> None: ...
+    tokenized: _inference_pb2.TokenizeResponse
+    detokenized: _inference_pb2.DetokenizeResponse
+    def __init__(self, id: _Optional[int] = ..., text: _Optional[_Union[_inference_pb2.GenerateResponse, _Mapping]] = ..., image_progress: _Optional[_Union[_inference_pb2.ImageProgress, _Mapping]] = ..., image: _Optional[_Union[RenderedImage, _Mapping]] = ..., end: _Optional[_Union[Status, _Mapping]] = ..., tokenized: _Optional[_Union[_inference_pb2.TokenizeResponse, _Mapping]] = ..., detokenized: _Optional[_Union[_inference_pb2.DetokenizeResponse, _Mapping]] = ...) -> None: ...
 
 class RenderedImage(_message.Message):
     __slots__ = ("png", "width", "height")

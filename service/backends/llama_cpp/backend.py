@@ -313,6 +313,23 @@ class LlamaCppBackend:
             )
         return self._control_texts
 
+    @property
+    def vocab_size(self) -> int:
+        return self._n_vocab
+
+    def detokenize(self, token_ids: Sequence[int]) -> str:
+        tokens = (llama_cpp.llama_token * len(token_ids))(*token_ids)
+        size = 4 * len(token_ids) + 16
+        for _ in range(2):  # a second time with the size llama.cpp asked for
+            text = ctypes.create_string_buffer(size)
+            written = llama_cpp.llama_detokenize(
+                self._vocab, tokens, len(token_ids), text, size, False, True
+            )
+            if written >= 0:
+                return text.raw[:written].decode("utf-8", errors="replace")
+            size = -written
+        raise RuntimeError("llama_detokenize wanted more room than it said")
+
     def token_bytes(self, token_id: int) -> bytes:
         buffer = getattr(self._pieces, "buffer", None)
         if buffer is None:

@@ -3,6 +3,10 @@
 tokens the batched sampler's rules then draw from), and settings only a
 llama.cpp chain handles (top-k of 0 or past 1,024, penalties that raise logits).
 
+A logit bias (OpenAI's logit_bias) is always the chain's: llama.cpp's
+logit-bias sampler comes first, as in llama.cpp's own common sampler, so a
+bias of -100 rules a token out and +100 makes it all but certain, greedy or not.
+
 Each such sequence in a batch samples on its own: its own parameters, its own
 random generator, its own repetition history and grammar state, from a copy of
 its logits on a thread beside the step (service/backends/llama_cpp/own_draws.py).
@@ -91,7 +95,12 @@ class SamplerChain:
         # sequence of a step in one numpy call; llama.cpp's chain would first copy the
         # whole vocabulary into a candidate array (a third of a millisecond per token
         # for Gemma's 262k entries).
-        self.plain_greedy = params.temperature == 0 and not params.penalized and not grammar
+        self.plain_greedy = (
+            params.temperature == 0
+            and not params.penalized
+            and not grammar
+            and not params.logit_bias
+        )
         # Without a grammar, the common settings are sampled for the whole step at once
         # (service.backends.batch_sampling), and this chain is never built. With one,
         # they are drawn the same way from the candidates the grammar allows.
@@ -107,6 +116,8 @@ class SamplerChain:
         self._chain = llama_cpp.llama_sampler_chain_init(
             llama_cpp.llama_sampler_chain_default_params()
         )
+        if params.logit_bias:
+            self._add(_logit_bias(params.logit_bias, llama_cpp.llama_vocab_n_tokens(vocab)))
         if params.penalized:
             self._add(_penalties(params, history, llama_cpp.llama_vocab_n_tokens(vocab)))
         if params.temperature == 0:
@@ -314,6 +325,15 @@ def _check_token_ids(vocab: llama_cpp.llama_vocab_p, grammar: str) -> None:
                 f"the grammar refers to token id {match.group(1)}; this model's "
                 f"vocabulary has ids 0 to {size - 1}"
             )
+
+
+def _logit_bias(biases: Sequence[tuple[int, float]], n_vocab: int) -> llama_cpp.llama_sampler_p:
+    """llama.cpp's logit-bias sampler; it copies the biases it is given."""
+    entries = (llama_cpp.llama_logit_bias * len(biases))(
+        *(llama_cpp.llama_logit_bias(token, bias) for token, bias in biases)
+    )
+    sampler = llama_cpp.llama_sampler_init_logit_bias(n_vocab, len(biases), entries)
+    return cast("llama_cpp.llama_sampler_p", sampler)
 
 
 def _penalties(

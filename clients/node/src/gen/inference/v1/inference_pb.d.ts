@@ -169,7 +169,7 @@ export declare type ResponseFormat = Message<"inference.v1.ResponseFormat"> & {
 export declare const ResponseFormatSchema: GenMessage<ResponseFormat>;
 
 /**
- * Exactly one of `prompt` and `messages` must be set.
+ * Exactly one of `prompt`, `messages` and `prompt_token_ids` must be set.
  *
  * Sampling fields are `optional`: an unset field means the model's own
  * default, never the proto3 zero value.
@@ -335,6 +335,26 @@ export declare type GenerateRequest = Message<"inference.v1.GenerateRequest"> & 
    * @generated from field: inference.v1.ToolChoice tool_choice = 19;
    */
   toolChoice?: ToolChoice | undefined;
+
+  /**
+   * Added to the logit of each token id given, before any other sampling
+   * step (llama.cpp's logit-bias sampler), as OpenAI's logit_bias: values in
+   * [-100, 100]; -100 all but forbids a token, 100 all but forces it. Ids
+   * outside the model's vocabulary are INVALID_ARGUMENT naming the id.
+   *
+   * @generated from field: map<int32, float> logit_bias = 20;
+   */
+  logitBias: { [key: number]: number };
+
+  /**
+   * A prompt given as token ids of the model's vocabulary, fed as they are:
+   * no beginning-of-sequence token is added and no chat template applied.
+   * Exclusive with `prompt` and `messages`; an id outside the vocabulary is
+   * INVALID_ARGUMENT.
+   *
+   * @generated from field: repeated int32 prompt_token_ids = 21;
+   */
+  promptTokenIds: number[];
 };
 
 /**
@@ -752,6 +772,132 @@ export declare type GenerationFinished = Message<"inference.v1.GenerationFinishe
  * Use `create(GenerationFinishedSchema)` to create a new message.
  */
 export declare const GenerationFinishedSchema: GenMessage<GenerationFinished>;
+
+/**
+ * Exactly what a GenerateRequest with the same model, prompt or messages and
+ * tools would feed the model.
+ *
+ * @generated from message inference.v1.TokenizeRequest
+ */
+export declare type TokenizeRequest = Message<"inference.v1.TokenizeRequest"> & {
+  /**
+   * As GenerateRequest.model.
+   *
+   * @generated from field: string model = 1;
+   */
+  model: string;
+
+  /**
+   * Raw text, tokenized as Generate tokenizes a prompt (the model's
+   * beginning-of-sequence token first where it expects one). Used when
+   * `messages` is empty; may be empty.
+   *
+   * @generated from field: string prompt = 2;
+   */
+  prompt: string;
+
+  /**
+   * A conversation, rendered with the model's chat template and the
+   * generation prompt, as Generate renders it.
+   *
+   * @generated from field: repeated inference.v1.ChatMessage messages = 3;
+   */
+  messages: ChatMessage[];
+
+  /**
+   * As GenerateRequest.tools: a template that shows tools to the model
+   * renders them.
+   *
+   * @generated from field: repeated inference.v1.Tool tools = 4;
+   */
+  tools: Tool[];
+};
+
+/**
+ * Describes the message inference.v1.TokenizeRequest.
+ * Use `create(TokenizeRequestSchema)` to create a new message.
+ */
+export declare const TokenizeRequestSchema: GenMessage<TokenizeRequest>;
+
+/**
+ * @generated from message inference.v1.TokenizeResponse
+ */
+export declare type TokenizeResponse = Message<"inference.v1.TokenizeResponse"> & {
+  /**
+   * @generated from field: repeated int32 token_ids = 1;
+   */
+  tokenIds: number[];
+
+  /**
+   * The configured name of the model that tokenized it.
+   *
+   * @generated from field: string model = 2;
+   */
+  model: string;
+
+  /**
+   * The context window the model is loaded with: the prompt and the tokens
+   * generated after it must fit in it.
+   *
+   * @generated from field: uint32 context_length = 3;
+   */
+  contextLength: number;
+};
+
+/**
+ * Describes the message inference.v1.TokenizeResponse.
+ * Use `create(TokenizeResponseSchema)` to create a new message.
+ */
+export declare const TokenizeResponseSchema: GenMessage<TokenizeResponse>;
+
+/**
+ * @generated from message inference.v1.DetokenizeRequest
+ */
+export declare type DetokenizeRequest = Message<"inference.v1.DetokenizeRequest"> & {
+  /**
+   * As GenerateRequest.model.
+   *
+   * @generated from field: string model = 1;
+   */
+  model: string;
+
+  /**
+   * Ids of the model's vocabulary; one outside it is INVALID_ARGUMENT.
+   *
+   * @generated from field: repeated int32 token_ids = 2;
+   */
+  tokenIds: number[];
+};
+
+/**
+ * Describes the message inference.v1.DetokenizeRequest.
+ * Use `create(DetokenizeRequestSchema)` to create a new message.
+ */
+export declare const DetokenizeRequestSchema: GenMessage<DetokenizeRequest>;
+
+/**
+ * @generated from message inference.v1.DetokenizeResponse
+ */
+export declare type DetokenizeResponse = Message<"inference.v1.DetokenizeResponse"> & {
+  /**
+   * The tokens' bytes joined and decoded as UTF-8 (invalid bytes as U+FFFD),
+   * special tokens written as their text.
+   *
+   * @generated from field: string text = 1;
+   */
+  text: string;
+
+  /**
+   * @generated from field: string model = 2;
+   */
+  model: string;
+};
+
+/**
+ * Describes the message inference.v1.DetokenizeResponse.
+ * Use `create(DetokenizeResponseSchema)` to create a new message.
+ */
+export declare const DetokenizeResponseSchema: GenMessage<DetokenizeResponse>;
 
 /**
  * @generated from message inference.v1.AdmitRequest
@@ -1900,6 +2046,28 @@ export declare const Inference: GenService<{
     methodKind: "server_streaming";
     input: typeof GenerateRequestSchema;
     output: typeof GenerateResponseSchema;
+  },
+  /**
+   * Tokenize gives the token ids a model reads for a prompt or a chat
+   * conversation (rendered with its chat template, as Generate renders it),
+   * without generating anything.
+   *
+   * @generated from rpc inference.v1.Inference.Tokenize
+   */
+  tokenize: {
+    methodKind: "unary";
+    input: typeof TokenizeRequestSchema;
+    output: typeof TokenizeResponseSchema;
+  },
+  /**
+   * Detokenize gives the text that token ids of a model's vocabulary write.
+   *
+   * @generated from rpc inference.v1.Inference.Detokenize
+   */
+  detokenize: {
+    methodKind: "unary";
+    input: typeof DetokenizeRequestSchema;
+    output: typeof DetokenizeResponseSchema;
   },
   /**
    * GenerateImage streams progress events, then the image itself.
