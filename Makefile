@@ -1,4 +1,5 @@
-# The two commands a new user needs: `make install`, then `make test`.
+# The two commands a new user needs: `make install`, then `make test`
+# (`make test-fast` for the inner loop: tests/README.md).
 PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
@@ -10,7 +11,8 @@ PROTOS := protos/inference/v1/inference.proto
 # The front's contract with its engine processes: Python only, never a client's.
 ENGINE_PROTOS := protos/inference/engine/v1/engine.proto
 
-.PHONY: install serve cluster test lint protos bench clean image cuda-fetch cuda-deps cuda-llama cuda-model cuda-bench
+.PHONY: install serve cluster test test-fast lint protos bench clean image \
+	cuda-fetch cuda-deps cuda-llama cuda-model cuda-bench
 
 install:
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -41,8 +43,13 @@ cluster:
 	$(BIN)/inference-cluster --replicas $(CLUSTER_REPLICAS) --listen $(CLUSTER_LISTEN) \
 		--http-listen $(CLUSTER_HTTP_LISTEN) -- $(CLUSTER_ARGS)
 
+# Every tier (tests/README.md).
 test:
 	$(BIN)/python -m pytest
+
+# The inner loop: policy and translation at their seams, no model loaded, no server.
+test-fast:
+	$(BIN)/python -m pytest -m "not slow"
 
 # The image deploy/kubernetes runs (Dockerfile), with podman or docker. BASE=IMAGE picks
 # the base image (default python:3.11-slim-bookworm); IMAGE_TAG the tag.

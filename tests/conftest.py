@@ -17,6 +17,7 @@ from inference.v1 import inference_pb2_grpc as pb_grpc
 from service.config import Settings
 from service.front.server import InferenceServer
 from service.log import configure_logging
+from tests import tiers
 
 T = TypeVar("T")
 
@@ -80,6 +81,14 @@ def serving(settings: Settings) -> Iterator[tuple[RunningServer, pb_grpc.Inferen
             yield running, pb_grpc.InferenceStub(channel)
     finally:
         running.stop()
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    tiers.register(config)
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    tiers.mark(items)  # markers from what each test uses: see tests/tiers.py
 
 
 @pytest.fixture(scope="session", autouse=True)

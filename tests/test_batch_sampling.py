@@ -155,6 +155,7 @@ def recent_tokens(logits: np.ndarray, kind: str) -> list[int]:
     return []
 
 
+@pytest.mark.slow  # thousands of draws from both samplers
 @pytest.mark.parametrize("case", list(CASES))
 def test_the_same_settings_give_llama_cpps_distribution(case: str) -> None:
     sampling, shift, recent_kind = CASES[case]
@@ -166,6 +167,7 @@ def test_the_same_settings_give_llama_cpps_distribution(case: str) -> None:
     assert same_distribution_z(ours, theirs) < 4.5
 
 
+@pytest.mark.slow  # thousands of draws from both samplers
 def test_the_comparison_catches_a_wrong_temperature() -> None:
     logits = fixed_logits()
     ours = our_draws(logits, params(temperature=1.0), [])
@@ -173,6 +175,7 @@ def test_the_comparison_catches_a_wrong_temperature() -> None:
     assert same_distribution_z(ours, theirs) > 10
 
 
+@pytest.mark.slow  # thousands of draws from both samplers
 def test_the_comparison_catches_a_penalty_left_out() -> None:
     logits = fixed_logits()
     recent = [int(t) for t in np.argsort(-logits)[:8]]
@@ -216,6 +219,7 @@ def masked_logits(allowed_share: float, seed: int) -> np.ndarray:
     return logits
 
 
+@pytest.mark.slow  # thousands of draws from both samplers
 @pytest.mark.parametrize("allowed_share", [0.02, 0.5])
 def test_a_masked_draw_gives_llama_cpps_distribution(allowed_share: float) -> None:
     logits = masked_logits(allowed_share, seed=4)
@@ -232,6 +236,7 @@ def test_a_masked_draw_gives_llama_cpps_distribution(allowed_share: float) -> No
     assert same_distribution_z(ours, theirs) < 4.5
 
 
+@pytest.mark.slow  # thousands of draws from both samplers
 def test_a_draw_among_the_best_is_the_draw_among_all_or_undecided() -> None:
     generator = np.random.default_rng(8)
     decided = 0

@@ -149,6 +149,7 @@ def test_magic_then_garbage_is_refused(tmp_path: Path) -> None:
     assert "not a GGUF file" in refusal(path)
 
 
+@pytest.mark.slow  # the header cut at every byte
 def test_a_header_cut_anywhere_is_refused(template: gm.Template, tmp_path: Path) -> None:
     header = template.encode_header()
     rng = random.Random(6)
@@ -159,6 +160,7 @@ def test_a_header_cut_anywhere_is_refused(template: gm.Template, tmp_path: Path)
         assert "truncated" in refusal(path) or cut < 4
 
 
+@pytest.mark.slow  # tracemalloc over headers with the most tensors the caps allow
 def test_memory_stays_bounded_whatever_the_header_claims(
     template: gm.Template, tmp_path: Path
 ) -> None:

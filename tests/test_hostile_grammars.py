@@ -14,6 +14,8 @@ import sys
 from collections import Counter
 from pathlib import Path
 
+import pytest
+
 from service.models.embedded import EMBEDDED_MODELS
 from tests.conftest import SMOLLM
 from tests.hostile_grammars import named_cases
@@ -34,6 +36,7 @@ def run_child(
     return child, lines
 
 
+@pytest.mark.slow  # a campaign of hostile grammars, in a child process
 def test_every_case_is_accepted_or_refused_and_the_child_lives() -> None:
     child, lines = run_child(seed=15, count=200)
     started = [line["start"] for line in lines if "start" in line]

@@ -500,6 +500,7 @@ def judged(
     shutil.rmtree(directory)  # the headers take a few hundred MB; pytest keeps old runs
 
 
+@pytest.mark.slow  # the campaigns: thousands of mutated headers judged
 def test_every_generated_mutation_gets_an_answer(judged: Judged) -> None:
     """Admission never raises on a model file: each mutation is admitted, or refused
     with a reason; and the seed reaches every family and both answers."""

@@ -69,6 +69,7 @@ def test_the_library_was_built() -> None:
     assert sampler.available()
 
 
+@pytest.mark.slow  # thousands of draws per shape
 @pytest.mark.parametrize(("rows", "vocab", "k"), SHAPES)
 def test_each_row_draws_from_its_k_largest(rows: int, vocab: int, k: int) -> None:
     logits = _logits(rows, vocab, vocab)
@@ -105,6 +106,7 @@ def _random_settings(generator: np.random.Generator, draw: int) -> SamplingParam
     )
 
 
+@pytest.mark.slow  # thousands of draws, up to a 128k vocabulary
 @pytest.mark.parametrize("vocab", [300, 49152, 128256])
 def test_the_same_tokens_as_numpy_for_the_same_numbers(vocab: int) -> None:
     generator = np.random.default_rng(vocab)

@@ -97,6 +97,7 @@ def test_operator_template_enables_chat_on_a_model_without_one(
     assert finished_of(events).usage.completion_tokens >= 1
 
 
+@pytest.mark.slow  # a fresh interpreter importing the whole front
 def test_start_up_imports_no_heavy_library() -> None:
     """torch, diffusers and mlx take seconds to import; health must not wait for them."""
     heavy = ("torch", "diffusers", "transformers", "mlx_lm", "llama_cpp")

@@ -200,6 +200,7 @@ def test_a_later_part_named_alone_is_refused(stub: pb_grpc.InferenceStub) -> Non
     assert f"llama.cpp loads one from its first part, '{split_name(PREFIX, 1, 3)}'" in reply.reason
 
 
+@pytest.mark.slow  # its `models` writes SmolLM2 in parts, and broken copies
 def test_a_split_is_described_again_when_any_part_changes(models: Path) -> None:
     """The cache is keyed by every part's size and modification time, not the first's."""
     first = models / first_part("two", 2)
