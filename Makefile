@@ -11,7 +11,7 @@ PROTOS := protos/inference/v1/inference.proto
 # The front's contract with its engine processes: Python only, never a client's.
 ENGINE_PROTOS := protos/inference/engine/v1/engine.proto
 
-.PHONY: install serve cluster test test-fast lint protos bench clean image \
+.PHONY: install serve cluster test test-fast container-prerequisites lint protos bench clean image \
 	cuda-fetch cuda-deps cuda-llama cuda-model cuda-bench
 
 install:
@@ -43,13 +43,19 @@ cluster:
 	$(BIN)/inference-cluster --replicas $(CLUSTER_REPLICAS) --listen $(CLUSTER_LISTEN) \
 		--http-listen $(CLUSTER_HTTP_LISTEN) -- $(CLUSTER_ARGS)
 
-# Every tier (tests/README.md).
+# Every tier (tests/README.md). The container tier needs `make container-prerequisites`;
+# without it those tests are skipped with the reason (they fail instead where CI is set).
 test:
 	$(BIN)/python -m pytest
 
 # The inner loop: policy and translation at their seams, no model loaded, no server.
 test-fast:
 	$(BIN)/python -m pytest -m "not slow"
+
+# What the container tier needs, once per machine, as root: podman (Debian's package) and
+# the debootstrap base image the tests build on. No test installs anything itself.
+container-prerequisites:
+	scripts/image/prerequisites.sh
 
 # The image deploy/kubernetes runs (Dockerfile), with podman or docker. BASE=IMAGE picks
 # the base image (default python:3.11-slim-bookworm); IMAGE_TAG the tag.

@@ -2,16 +2,16 @@
 
 The image is what deploy/kubernetes runs, so this test builds it as `make image`
 does (scripts/image/build.sh) from a clone of the committed tree, on a base made
-here with debootstrap from Debian's packages (no image registry is reachable
-from these machines), and then:
+with debootstrap from Debian's packages (no image registry is reachable from
+these machines), and then:
 - runs it with the server on loopback, waits for health SERVING, streams one
   Generate through it with the Python client, and stops it with SIGTERM: the
   drain ends with exit status 0;
 - runs its `inference-picker --help` and `envoy --version`;
 - builds it again: with nothing changed, every step comes from the cache.
 
-It installs podman (Debian's package) where neither podman nor docker is, and is
-skipped only where containers cannot run at all.
+It installs nothing: podman and the base image are `make container-prerequisites`'
+(tests/container.py). Without them it is skipped with the reason, or fails in CI.
 """
 
 from __future__ import annotations
@@ -30,11 +30,10 @@ import grpc
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
+from tests.container import base_image, container_engine
+
 ROOT = Path(__file__).resolve().parent.parent
-BASE = "localhost/inference-test-base:bookworm"
 TAG = "localhost/inference-service:test"
-# What the runtime stage needs from Debian beyond minbase: Python and llama.cpp's runtimes.
-BASE_PACKAGES = "python3,python3-venv,libgomp1,libstdc++6,ca-certificates"
 
 pytestmark = pytest.mark.timeout(1800)
 
@@ -45,27 +44,6 @@ def run(*command: str, cwd: Path | None = None, **env: str) -> str:
     )
     assert done.returncode == 0, f"{' '.join(command)}:\n{done.stdout[-3000:]}{done.stderr[-3000:]}"
     return done.stdout + done.stderr
-
-
-def podman_or_docker() -> str | None:
-    """An engine that can run containers: podman, or docker with a daemon to talk to.
-    Where neither can, podman from Debian's packages (as root): a docker client with
-    no daemon (as on these machines) used to skip the whole module."""
-    for name in ("podman", "docker"):
-        found = shutil.which(name)
-        if found and can_run_containers(found):
-            return found
-    if shutil.which("apt-get") and os.geteuid() == 0:
-        subprocess.run(
-            "apt-get update -qq && apt-get install -y -qq podman runc debootstrap",
-            shell=True, capture_output=True, check=False,
-            env={**os.environ, "DEBIAN_FRONTEND": "noninteractive"},
-        )  # fmt: skip
-    return shutil.which("podman") or shutil.which("docker")
-
-
-def can_run_containers(engine: str) -> bool:
-    return subprocess.run([engine, "info"], capture_output=True, check=False).returncode == 0
 
 
 def limits(engine: str) -> list[str]:
@@ -82,32 +60,12 @@ def limits(engine: str) -> list[str]:
 
 @pytest.fixture(scope="module")
 def engine() -> str:
-    found = podman_or_docker()
-    if found is None:
-        pytest.skip("neither podman nor docker is installed, and podman could not be")
-    probe = subprocess.run([found, "info"], capture_output=True, check=False)
-    if probe.returncode != 0:
-        pytest.skip(f"{found} cannot run containers here: {probe.stderr.decode()[-300:]}")
-    return found
+    return container_engine()
 
 
 @pytest.fixture(scope="module")
-def base(engine: str, tmp_path_factory: pytest.TempPathFactory) -> str:
-    """A Debian bookworm base with Python, made with debootstrap once per machine."""
-    if subprocess.run([engine, "image", "exists", BASE], check=False).returncode == 0:
-        return BASE
-    if not shutil.which("debootstrap") or os.geteuid() != 0:
-        pytest.skip("making a base image needs debootstrap and root")
-    rootfs = tmp_path_factory.mktemp("base") / "rootfs"
-    run("debootstrap", "--variant=minbase", f"--include={BASE_PACKAGES}", "bookworm",
-        str(rootfs), "http://deb.debian.org/debian")  # fmt: skip
-    with subprocess.Popen(["tar", "-C", str(rootfs), "-c", "."], stdout=subprocess.PIPE) as tar:
-        run_import = subprocess.run(
-            [engine, "import", "-", BASE], stdin=tar.stdout, capture_output=True, check=False
-        )
-    assert run_import.returncode == 0, run_import.stderr.decode()[-2000:]
-    shutil.rmtree(rootfs, ignore_errors=True)
-    return BASE
+def base(engine: str) -> str:
+    return base_image(engine)
 
 
 @pytest.fixture(scope="module")
