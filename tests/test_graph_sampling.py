@@ -126,7 +126,8 @@ def test_sequences_leaving_and_joining_keep_their_own_paths(
                 if join == step:
                     running[name] = _start(backend, request, tokens)
             names = list(running)
-            for name, sampled in zip(names, backend.step(list(running.values()), lambda: None)):
+            stepped = backend.step(list(running.values()), lambda: None)
+            for name, sampled in zip(names, stepped, strict=True):
                 if sampled is not None:
                     produced[name].append(sampled.token)
                 if len(produced[name]) >= plan[name][1]:
@@ -162,7 +163,7 @@ def test_a_path_changing_in_a_step_shaped_like_the_last_is_not_served_a_stale_gr
             while sampled is None:
                 sampled = backend.step([second], lambda: None)[0]
             backend.finish(second)
-            graph = backend._graph  # noqa: SLF001 - what the test is about
+            graph = backend._graph  # what the test is about
             results[mode] = (sampled.token, sampled.in_graph, graph.renewed if graph else 0)
         finally:
             backend.close()
