@@ -57,7 +57,8 @@ class Conversations:
                 f"previous response {excerpt(response_id, 80)} is not kept here: responses "
                 f"are kept in this server's memory (the last {self._max_responses}, "
                 f"{self._max_characters >> 20} MiB at most), only with `store` true, and "
-                "not across restarts or replicas; send the whole conversation as `input`"
+                "not across restarts or replicas; send the whole conversation as `input`",
+                param="previous_response_id",
             )
         self._kept.move_to_end(response_id)
         return kept

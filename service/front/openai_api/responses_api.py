@@ -113,7 +113,7 @@ def responses_request(body: Body, conversations: Conversations) -> ResponsesRequ
     _refuse_unserved(body)
     for name in ("stream", "store", "parallel_tool_calls"):
         if body.get(name) is not None and not isinstance(body[name], bool):
-            raise InvalidRequest(f"`{name}` must be true or false")
+            raise InvalidRequest(f"`{name}` must be true or false", param=name)
     history = _history(body, conversations)
     turn = _input_messages(body.get("input"), bool(history.messages))
     _name_results(turn, history)
@@ -161,15 +161,19 @@ def _refuse_unserved(body: Body) -> None:
     if body.get("background"):
         raise NotSupported(
             "`background` responses are not served: a response runs while its request "
-            "is open (stream it to see it as it comes)"
+            "is open (stream it to see it as it comes)",
+            param="background",
         )
     if body.get("conversation") is not None:
         raise NotSupported(
             "`conversation` objects are not served; continue a response with "
-            "`previous_response_id`, or send the conversation as `input`"
+            "`previous_response_id`, or send the conversation as `input`",
+            param="conversation",
         )
     if body.get("prompt") is not None:
-        raise NotSupported("stored prompts (`prompt`) are not served; send `instructions`")
+        raise NotSupported(
+            "stored prompts (`prompt`) are not served; send `instructions`", param="prompt"
+        )
 
 
 def _history(body: Body, conversations: Conversations) -> History:
@@ -177,7 +181,9 @@ def _history(body: Body, conversations: Conversations) -> History:
     if previous is None:
         return History()
     if not isinstance(previous, str) or not previous:
-        raise InvalidRequest("`previous_response_id` must be a response's id")
+        raise InvalidRequest(
+            "`previous_response_id` must be a response's id", param="previous_response_id"
+        )
     return conversations.conversation(previous)
 
 
@@ -188,7 +194,9 @@ def _input_messages(value: object, continued: bool) -> list[Json]:
     if value is None and continued:
         return []
     if not isinstance(value, list) or not (value or continued):
-        raise InvalidRequest("`input` must be a string or a non-empty array of input items")
+        raise InvalidRequest(
+            "`input` must be a string or a non-empty array of input items", param="input"
+        )
     messages: list[Json] = []
     for index, item in enumerate(value):
         _add_item(messages, item, f"input[{index}]")
@@ -197,7 +205,7 @@ def _input_messages(value: object, continued: bool) -> list[Json]:
 
 def _add_item(messages: list[Json], item: object, where: str) -> None:
     if not isinstance(item, dict):
-        raise InvalidRequest(f"{where} must be an object such as {{role, content}}")
+        raise InvalidRequest(f"{where} must be an object such as {{role, content}}", param=where)
     kind = item.get("type") or ("message" if "role" in item else None)
     if kind == "message":
         messages.append(_message(item, where))
@@ -213,16 +221,18 @@ def _add_item(messages: list[Json], item: object, where: str) -> None:
         output = _content(item.get("output"), f"{where}.output")
         messages.append({"role": "tool", "tool_call_id": call_id, "content": output})
     elif isinstance(kind, str) and kind in REFUSED_ITEMS:
-        raise NotSupported(f"{where}: {REFUSED_ITEMS[kind]}")
+        raise NotSupported(f"{where}: {REFUSED_ITEMS[kind]}", param=where)
     elif isinstance(kind, str) and kind.endswith(("_call", "_call_output")):
         raise NotSupported(
             f"{where}: {kind!r} items are the work of one of OpenAI's built-in tools, "
-            "which are not served here; only function calls are"
+            "which are not served here; only function calls are",
+            param=where,
         )
     else:
         raise InvalidRequest(
             f'{where}.type must be "message", "function_call" or "function_call_output", '
-            f"not {excerpt(str(kind), 40)}"
+            f"not {excerpt(str(kind), 40)}",
+            param=where,
         )
 
 
@@ -232,7 +242,9 @@ _ROLES = ("user", "assistant", "system", "developer")
 def _message(item: Json, where: str) -> Json:
     role = item.get("role")
     if role not in _ROLES:
-        raise InvalidRequest(f"{where}.role must be one of {', '.join(_ROLES)}")
+        raise InvalidRequest(
+            f"{where}.role must be one of {', '.join(_ROLES)}", param=f"{where}.role"
+        )
     return {"role": role, "content": _content(item.get("content"), f"{where}.content")}
 
 
@@ -241,7 +253,7 @@ def _content(content: object, where: str) -> str:
     if isinstance(content, str):
         return content
     if not isinstance(content, list):
-        raise InvalidRequest(f"{where} must be a string or an array of content parts")
+        raise InvalidRequest(f"{where} must be a string or an array of content parts", param=where)
     texts = []
     for index, part in enumerate(content):
         at = f"{where}[{index}]"
@@ -251,16 +263,20 @@ def _content(content: object, where: str) -> str:
         elif isinstance(part, dict) and kind == "refusal":
             texts.append(_string(part, "refusal", at))
         elif kind in ("input_image", "input_file", "input_audio"):
-            raise NotSupported(f"{at}: only text is served, not {kind!r}")
+            raise NotSupported(f"{at}: only text is served, not {kind!r}", param=at)
         else:
-            raise InvalidRequest(f'{at} must be a text part, {{"type": "input_text", "text": ...}}')
+            raise InvalidRequest(
+                f'{at} must be a text part, {{"type": "input_text", "text": ...}}', param=at
+            )
     return "".join(texts)
 
 
 def _function_call(item: Json, where: str) -> Json:
     arguments = item.get("arguments", "{}")
     if not isinstance(arguments, str):
-        raise InvalidRequest(f"{where}.arguments must be a string of JSON")
+        raise InvalidRequest(
+            f"{where}.arguments must be a string of JSON", param=f"{where}.arguments"
+        )
     return {
         "id": _string(item, "call_id", where),
         "type": "function",
@@ -271,7 +287,7 @@ def _function_call(item: Json, where: str) -> Json:
 def _string(item: Json, name: str, where: str) -> str:
     value = item.get(name)
     if not isinstance(value, str):
-        raise InvalidRequest(f"{where}.{name} must be a string")
+        raise InvalidRequest(f"{where}.{name} must be a string", param=f"{where}.{name}")
     return value
 
 
@@ -279,7 +295,7 @@ def _instructions(value: object) -> list[Json]:
     if value is None or value == "":
         return []
     if not isinstance(value, str):
-        raise InvalidRequest("`instructions` must be a string")
+        raise InvalidRequest("`instructions` must be a string", param="instructions")
     return [{"role": "system", "content": value}]
 
 
@@ -288,7 +304,9 @@ def _tools(value: object) -> list[Json]:
     if value is None:
         return []
     if not isinstance(value, list):
-        raise InvalidRequest('`tools` must be an array of {type: "function", name, parameters}')
+        raise InvalidRequest(
+            '`tools` must be an array of {type: "function", name, parameters}', param="tools"
+        )
     return [_tool(tool, f"tools[{index}]") for index, tool in enumerate(value)]
 
 
@@ -298,16 +316,21 @@ def _tool(tool: object, where: str) -> Json:
     if kind == "custom":
         raise NotSupported(
             f"{where}: custom (free-form) tools are not served; declare a function tool "
-            "with a JSON schema for its arguments"
+            "with a JSON schema for its arguments",
+            param=where,
         )
     if not isinstance(tool, dict) or kind != "function":
-        raise InvalidRequest(f'{where} must be {{"type": "function", "name": ..., "parameters"}}')
+        raise InvalidRequest(
+            f'{where} must be {{"type": "function", "name": ..., "parameters"}}', param=where
+        )
     if isinstance(tool.get("function"), dict):  # chat's nested shape, sent here by some clients
         tool = {"type": "function", **tool["function"]}
     if not isinstance(tool.get("name"), str) or not tool["name"]:
-        raise InvalidRequest(f"{where}.name must be the function's name")
+        raise InvalidRequest(f"{where}.name must be the function's name", param=f"{where}.name")
     if tool.get("parameters") is not None and not isinstance(tool["parameters"], dict):
-        raise InvalidRequest(f"{where}.parameters must be a JSON Schema object")
+        raise InvalidRequest(
+            f"{where}.parameters must be a JSON Schema object", param=f"{where}.parameters"
+        )
     description = tool.get("description")
     return {
         "type": "function",
@@ -330,7 +353,8 @@ def _refuse_built_in(kind: object, where: str) -> None:
         raise NotSupported(
             f"{where}: {kind!r} is one of OpenAI's built-in tools, which are not served "
             "here (OpenAI runs them on services of its own, or trains its models to drive "
-            "them); only function tools are"
+            "them); only function tools are",
+            param=where,
         )
 
 
@@ -346,7 +370,8 @@ def _tool_choice(value: object, tools: list[Json]) -> tuple[object, list[Json]]:
     _refuse_built_in(kind, "`tool_choice`")
     raise InvalidRequest(
         '`tool_choice` must be "auto", "none", "required", {"type": "function", "name": ...} '
-        'or {"type": "allowed_tools", "mode": ..., "tools": [...]}'
+        'or {"type": "allowed_tools", "mode": ..., "tools": [...]}',
+        param="tool_choice",
     )
 
 
@@ -356,7 +381,8 @@ def _allowed_tools(choice: Json, tools: list[Json]) -> tuple[object, list[Json]]
     mode, allowed = choice.get("mode", "auto"), choice.get("tools")
     if mode not in ("auto", "required") or not isinstance(allowed, list):
         raise InvalidRequest(
-            'tool_choice.allowed_tools needs `mode` "auto" or "required" and `tools`'
+            'tool_choice.allowed_tools needs `mode` "auto" or "required" and `tools`',
+            param="tool_choice",
         )
     names = set()
     for index, tool in enumerate(allowed):
@@ -368,7 +394,8 @@ def _allowed_tools(choice: Json, tools: list[Json]) -> tuple[object, list[Json]]
             or not isinstance(tool.get("name"), str)
         ):
             raise InvalidRequest(
-                f'tool_choice.tools[{index}] must be {{"type": "function", "name": ...}}'
+                f'tool_choice.tools[{index}] must be {{"type": "function", "name": ...}}',
+                param="tool_choice",
             )
         names.add(tool["name"])
     return mode, [tool for tool in tools if tool["name"] in names]
@@ -378,7 +405,9 @@ def _response_format(text: object) -> Json | None:
     if text is None:
         return None
     if not isinstance(text, dict):
-        raise InvalidRequest('`text` must be an object such as {"format": {"type": "text"}}')
+        raise InvalidRequest(
+            '`text` must be an object such as {"format": {"type": "text"}}', param="text"
+        )
     form = text.get("format")
     if form is None:
         return None
@@ -387,19 +416,25 @@ def _response_format(text: object) -> Json | None:
         return {"type": kind}
     if kind == "json_schema" and isinstance(form, dict):
         if not isinstance(form.get("schema"), dict):
-            raise InvalidRequest("text.format.schema must be a JSON Schema object")
+            raise InvalidRequest(
+                "text.format.schema must be a JSON Schema object", param="text.format.schema"
+            )
         return {
             "type": "json_schema",
             "json_schema": {"name": form.get("name") or "output", "schema": form["schema"]},
         }
-    raise InvalidRequest('text.format.type must be "text", "json_object" or "json_schema"')
+    raise InvalidRequest(
+        'text.format.type must be "text", "json_object" or "json_schema"', param="text.format.type"
+    )
 
 
 def _max_output_tokens(value: object) -> int | None:
     if value is None:
         return None
     if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= 1 << 31:
-        raise InvalidRequest(f"`max_output_tokens` must be an integer from 1 to {1 << 31}")
+        raise InvalidRequest(
+            f"`max_output_tokens` must be an integer from 1 to {1 << 31}", param="max_output_tokens"
+        )
     return value
 
 
@@ -407,7 +442,7 @@ def _logprobs(body: Body) -> Json:
     """`include: ["message.output_text.logprobs"]`, with `top_logprobs` alternatives."""
     include = body.get("include") or []
     if not isinstance(include, list) or not all(isinstance(name, str) for name in include):
-        raise InvalidRequest("`include` must be an array of strings")
+        raise InvalidRequest("`include` must be an array of strings", param="include")
     if LOGPROBS_INCLUDE not in include:
         return {}  # the others name output of built-in tools or reasoning: there is none
     return {"logprobs": True, "top_logprobs": body.get("top_logprobs")}
