@@ -4,7 +4,9 @@ The grammar is built from the model's chat template, so each convention gets a
 model configured with a template that teaches it: SmolLM2 under Qwen 2.5's
 template (Hermes), Gemma 3 270M under Gemma's turns (its prompted JSON form),
 and SmolLM2 under a template naming FunctionGemma's markers. SmolLM2's own
-template teaches none.
+template teaches none, so it gets the service's default (Hermes-style; see
+test_default_tool_convention); a template that shows tools in a convention the
+server does not read cannot be forced.
 """
 
 from __future__ import annotations
@@ -60,6 +62,12 @@ GEMMA_TURNS = (
 FUNCTION_GEMMA_TURNS = (
     "<|im_start|>system\nCall a function as <start_function_call>call:NAME{ARGUMENTS}"
     "<end_function_call>.<|im_end|>\n"
+    "{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endfor %}"
+    "<|im_start|>assistant\n"
+)
+# A template that shows tools its own way (as Llama 3.1's does), in no convention read here.
+OWN_TOOLS_TURNS = (
+    "{% if tools %}Functions: {{ tools | tojson }}\n{% endif %}"
     "{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endfor %}"
     "<|im_start|>assistant\n"
 )
@@ -144,6 +152,7 @@ def served() -> Iterator[tuple[RunningServer, pb_grpc.InferenceStub]]:
             source=str(EMBEDDED_MODELS[GEMMA].locate()), chat_template=GEMMA_TURNS
         ),
         "function-gemma": ModelConfig(source=smollm, chat_template=FUNCTION_GEMMA_TURNS),
+        "own-tools": ModelConfig(source=smollm, chat_template=OWN_TOOLS_TURNS),
     }
     with serving(make_settings(models=models, cached_sequences=0)) as running:
         yield running
@@ -194,10 +203,11 @@ def test_required_makes_a_model_call_some_tool_instead_of_answering(
     assert_valid_calls(finished_of(collect(stub.Generate(request))), set(SCHEMAS))
 
 
-def test_a_template_without_a_convention_is_failed_precondition(
+def test_a_template_with_a_convention_not_read_here_is_failed_precondition(
     stub: pb_grpc.InferenceStub,
 ) -> None:
     request = pb.GenerateRequest(
+        model="own-tools",
         messages=[pb.ChatMessage(role="user", content="Weather?")],
         tools=TOOLS,
         tool_choice=pb.ToolChoice(),

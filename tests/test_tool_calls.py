@@ -245,7 +245,10 @@ GEMMA3_SNIPPET = "{{ '<start_of_turn>' + role + '\\n' }}"
         (QWEN_TEMPLATE_SNIPPET, "hermes"),
         (FUNCTIONGEMMA_SNIPPET, "function_gemma"),
         (GEMMA3_SNIPPET, "gemma"),
-        ("{% for m in messages %}<|im_start|>{{ m.content }}{% endfor %}", "none"),
+        # No markers and no `tools`: the default convention (service.tools.default_convention).
+        ("{% for m in messages %}<|im_start|>{{ m.content }}{% endfor %}", "hermes"),
+        # No markers, but it shows `tools` its own way: kept, and its output is all content.
+        ("{{ tools | tojson }}{% for m in messages %}{{ m.content }}{% endfor %}", "none"),
         (None, "none"),
     ],
 )

@@ -50,7 +50,7 @@ from service.text.requests import (
     check_token_ids,
 )
 from service.tools.base import ToolCallParser
-from service.tools.conventions import parser_for_template, with_tool_calls
+from service.tools.conventions import convention_for_template, with_tool_calls
 
 TextSink = EventSink[pb.GenerateResponse]
 TokensSink = EventSink[pb.TokenizeResponse | pb.DetokenizeResponse]
@@ -262,7 +262,7 @@ class EngineCore:
 
     def _prepare(self, request: GenerationRequest) -> tuple[Started, DecodePlan, ToolCallParser]:
         backend = self._text
-        parser = parser_for_template(self._template())
+        parser = convention_for_template(self._template()).parser
         grammar = request.grammar
         if request.tool_choice is not None:
             grammar = self._forced_call(request.tools, request.tool_choice, parser)
@@ -296,11 +296,16 @@ class EngineCore:
     ) -> Grammar:
         """The grammar of `choice`'s calls, in the convention of this model's template."""
         if parser.shape is None:
+            why = (
+                "it has no chat template"
+                if self._template() is None
+                else "its chat template shows tools in a tool-call convention this server "
+                "does not read (it reads Hermes <tool_call>, FunctionGemma and Gemma 3 calls)"
+            )
             raise NotSupported(
-                f"model {self.options.name!r} cannot be made to call a tool: its chat template "
-                "follows no tool-call convention this server reads (Hermes <tool_call>, "
-                "FunctionGemma, Gemma 3); leave tool_choice unset, or configure a chat "
-                "template that teaches one"
+                f"model {self.options.name!r} cannot be made to call a tool: {why}; leave "
+                "tool_choice unset, or configure a chat template that teaches a convention "
+                "this server reads, or none (the server's default then applies)"
             )
         # Imported when needed: it loads llama.cpp, which an image engine does not use.
         from service.grammar.forced_call import forced_call_grammar
@@ -345,10 +350,14 @@ class EngineCore:
         self, messages: Sequence[ChatMessage], tools: Sequence[Tool], tokens: dict[str, str]
     ) -> str:
         """The chat template rendered; a template that fails otherwise than by refusing
-        (see render_chat) is the model file's fault, and this request's alone."""
-        name = self.options.name
+        (see render_chat) is the model file's fault, and this request's alone.
+
+        A template that teaches no tool convention is given the tools, calls and
+        results written into the turns (service.tools.default_convention)."""
+        name, template = self.options.name, self._template()
+        messages, tools = convention_for_template(template).turns(messages, tools)
         try:
-            return render_chat(self._template(), messages, tokens, name, tools)
+            return render_chat(template, messages, tokens, name, tools)
         except ServiceError:
             raise
         except Exception as exc:

@@ -21,7 +21,7 @@ from functools import lru_cache
 from typing import Any, NoReturn
 
 import jinja2
-from jinja2 import nodes
+from jinja2 import meta, nodes
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
 from service.errors import InvalidRequest, NotSupported, excerpt
@@ -96,6 +96,16 @@ def template_roles(source: str) -> frozenset[str]:
     return STANDARD_ROLES | roles
 
 
+@lru_cache(maxsize=32)
+def template_variables(source: str) -> frozenset[str]:
+    """The variables the template reads from what it is given (`messages`, `tools`,
+    `bos_token`, ...); none for a template that does not parse, which rendering reports."""
+    try:
+        return frozenset(meta.find_undeclared_variables(_environment().parse(source)))
+    except (jinja2.TemplateError, RecursionError):
+        return frozenset()
+
+
 def _names_role(node: nodes.Node) -> bool:
     """`message['role']`, `message.role`, or a variable called like a role."""
     if isinstance(node, nodes.Getitem):
@@ -134,8 +144,9 @@ def render_chat(
     """The prompt text for `messages`, ending where the assistant should reply.
 
     Tools, tool calls and tool results reach the template in Hugging Face's
-    shapes (see `_tool` and `_message`); a template that does not use them
-    renders as if they were absent.
+    shapes (see `tool_signature` and `_message`); a template that does not use them
+    renders as if they were absent (the engine hands such a template the tools
+    written into the turns instead: service.tools.default_convention).
     """
     if template is None:
         raise NotSupported(
@@ -150,7 +161,7 @@ def render_chat(
     variables = {
         "messages": [_message(m) for m in messages],
         # transformers passes None, not [], when there are no tools.
-        "tools": [_tool(t) for t in tools] or None,
+        "tools": [tool_signature(t) for t in tools] or None,
         "add_generation_prompt": True,
         **special_tokens,
     }
@@ -180,7 +191,7 @@ def _given_chars(messages: Sequence[ChatMessage], tools: Sequence[Tool]) -> int:
     return in_messages + sum(len(t.description) + len(t.parameters_json) for t in tools)
 
 
-def _tool(tool: Tool) -> dict[str, Any]:
+def tool_signature(tool: Tool) -> dict[str, Any]:
     """A tool as transformers' `apply_chat_template(tools=...)` passes a JSON-schema tool."""
     function = {"name": tool.name, "description": tool.description}
     return {"type": "function", "function": {**function, "parameters": tool.parameters()}}
