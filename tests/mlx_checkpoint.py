@@ -2,7 +2,8 @@
 
 Built with mlx-lm's own model classes and save utilities and a byte-level BPE
 tokenizer trained here, so the backend reads exactly what a user's checkpoint
-holds, with nothing downloaded.
+holds, with nothing downloaded. mlx-lm and transformers are imported by the functions
+that use them (seconds): importing this module for its constants costs nothing.
 """
 
 from __future__ import annotations
@@ -10,15 +11,15 @@ from __future__ import annotations
 import json
 from dataclasses import asdict
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import mlx.core as mx
 import mlx.nn as nn
 from mlx.utils import tree_map
-from mlx_lm.models import gemma3_text, llama
-from mlx_lm.utils import save_config, save_model
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
-from transformers import PreTrainedTokenizerFast
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerFast
 
 IM_START, IM_END, END_OF_TEXT = "<|im_start|>", "<|im_end|>", "<|endoftext|>"
 BEGIN_OF_TEXT = "<|begin_of_text|>"
@@ -73,6 +74,8 @@ def _add_bos_processor(tokenizer: Tokenizer) -> None:
 
 
 def _save_tokenizer(directory: Path, with_bos: bool) -> PreTrainedTokenizerFast:
+    from transformers import PreTrainedTokenizerFast
+
     special = [END_OF_TEXT, IM_START, IM_END] + ([BEGIN_OF_TEXT] if with_bos else [])
     trained = _train_tokenizer(special)
     if with_bos:
@@ -89,6 +92,8 @@ def _save_tokenizer(directory: Path, with_bos: bool) -> PreTrainedTokenizerFast:
 
 
 def _llama(vocab_size: int) -> tuple[nn.Module, dict[str, Any]]:
+    from mlx_lm.models import llama
+
     args = llama.ModelArgs(
         model_type="llama",
         hidden_size=48,
@@ -106,6 +111,8 @@ def _llama(vocab_size: int) -> tuple[nn.Module, dict[str, Any]]:
 
 def _gemma3_text(vocab_size: int) -> tuple[nn.Module, dict[str, Any]]:
     """Gemma 3's layout: a rotating cache of SLIDING_WINDOW tokens, then a global layer."""
+    from mlx_lm.models import gemma3_text
+
     args = gemma3_text.ModelArgs(
         model_type="gemma3_text",
         hidden_size=48,
@@ -127,6 +134,8 @@ _ARCHITECTURES = {"llama": _llama, "gemma3_text": _gemma3_text}
 
 
 def _save_model(directory: Path, architecture: str, vocab_size: int, eos_token_id: int) -> None:
+    from mlx_lm.utils import save_config, save_model
+
     mx.random.seed(1234)  # the weights, hence every greedy completion, are fixed
     model, config = _ARCHITECTURES[architecture](vocab_size)
     # At their initial scale the weights make a model that repeats its last

@@ -13,7 +13,6 @@ from dataclasses import replace
 from pathlib import Path
 
 import pytest
-import torch
 from PIL import Image
 from PIL.PngImagePlugin import PngImageFile
 
@@ -25,7 +24,6 @@ from service.backends.diffusers_pipeline import (
 from service.errors import BackendFailure, NotSupported
 from service.images.backend import GenerationCancelled
 from service.images.requests import ImageRequest, RenderedImage
-from tests.tiny_pipeline import build_tiny_sd_pipeline
 
 OPTIONS = DiffusersOptions(threads=2)
 APPLE = ImageRequest(
@@ -44,6 +42,8 @@ Steps = list[tuple[int, int]]
 
 @pytest.fixture(scope="module")
 def pipeline_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    from tests.tiny_pipeline import build_tiny_sd_pipeline  # torch: imported where needed
+
     return build_tiny_sd_pipeline(tmp_path_factory.mktemp("diffusers") / "tiny-sd")
 
 
@@ -100,6 +100,8 @@ def test_reports_each_step_in_order(backend: DiffusersBackend) -> None:
 
 
 def test_reports_the_steps_the_scheduler_runs(tmp_path: Path) -> None:
+    from tests.tiny_pipeline import build_tiny_sd_pipeline
+
     directory = build_tiny_sd_pipeline(tmp_path / "pndm", scheduler="pndm")
     backend = DiffusersBackend(directory, OPTIONS)
     try:
@@ -117,6 +119,8 @@ def test_the_same_seed_gives_the_same_bytes(backend: DiffusersBackend) -> None:
 
 
 def test_pins_torch_threads_again_for_each_request(backend: DiffusersBackend) -> None:
+    import torch
+
     reference, _ = render(backend, APPLE)
     seen: list[int] = []
     torch.set_num_threads(1)  # as another model's worker might
@@ -279,6 +283,8 @@ def test_a_missing_directory_fails_to_load(tmp_path: Path) -> None:
 
 
 def test_a_device_torch_cannot_use_fails_to_load(pipeline_dir: Path) -> None:
+    import torch
+
     if torch.cuda.is_available():
         pytest.skip("this machine has a CUDA GPU")
     with pytest.raises(BackendFailure, match="no CUDA GPU"):

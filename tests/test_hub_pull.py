@@ -24,8 +24,6 @@ from inference.v1 import inference_pb2_grpc as pb_grpc
 from service.models.embedded import EMBEDDED_MODELS
 from tests.conftest import SMOLLM, collect, finished_of, make_settings, serving
 from tests.fake_hub import FakeHub, FakeRepo
-from tests.mlx_checkpoint import build_tiny_checkpoint
-from tests.tiny_pipeline import build_tiny_sd_pipeline
 
 SMOLLM_FILE = EMBEDDED_MODELS[SMOLLM].locate()
 SMOLLM_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -261,6 +259,8 @@ def test_pull_on_demand_makes_generate_pull_first(hub: FakeHub, tmp_path: Path) 
 def test_a_pulled_mlx_checkpoint_serves(tmp_path: Path) -> None:
     """The files chosen for a checkpoint are all mlx-lm needs: a real tiny one, pulled
     into an empty cache, then generating."""
+    from tests.mlx_checkpoint import build_tiny_checkpoint  # mlx: imported where needed
+
     checkpoint = build_tiny_checkpoint(tmp_path / "tiny")
     files: dict[str, bytes | Path] = {p.name: p for p in checkpoint.iterdir() if p.is_file()}
     files["README.md"] = b"# not needed"
@@ -283,6 +283,8 @@ def test_a_pulled_mlx_checkpoint_serves(tmp_path: Path) -> None:
 def test_a_pulled_diffusers_pipeline_renders(tmp_path: Path) -> None:
     """A real tiny Stable Diffusion pipeline: its component folders are pulled (the
     ones model_index.json names), and GenerateImage renders from the cache."""
+    from tests.tiny_pipeline import build_tiny_sd_pipeline  # torch: imported where needed
+
     pipeline = build_tiny_sd_pipeline(tmp_path / "tiny-sd")
     files: dict[str, bytes | Path] = {
         p.relative_to(pipeline).as_posix(): p for p in pipeline.rglob("*") if p.is_file()

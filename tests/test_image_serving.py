@@ -6,11 +6,10 @@ import io
 import re
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, cast
+from typing import TYPE_CHECKING, Any, cast
 
 import grpc
 import pytest
-import torch
 from PIL import Image
 
 from inference.v1 import inference_pb2 as pb
@@ -19,11 +18,15 @@ from service.backends.diffusers_pipeline import DiffusersBackend
 from service.engine.local import LocalEngine
 from service.models.pool import LoadedModel, ModelPool
 from tests.conftest import GEMMA, RunningServer, collect, make_settings, serving
-from tests.tiny_pipeline import build_tiny_sd_pipeline
+
+if TYPE_CHECKING:
+    import torch
 
 
 @pytest.fixture(scope="module")
 def image_models(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    from tests.tiny_pipeline import build_tiny_sd_pipeline  # torch: imported where needed
+
     models = tmp_path_factory.mktemp("image-models")
     build_tiny_sd_pipeline(models / "tiny-sd")
     return models

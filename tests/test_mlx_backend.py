@@ -9,16 +9,12 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import mlx.core as mx
 import pytest
-from mlx_lm.generate import generate_step
-from mlx_lm.sample_utils import make_logits_processors, make_sampler
-from mlx_lm.utils import load
 
 from service.backends.base import SequenceRequest
-from service.backends.mlx_lm import BACKEND_NAME, MlxLmBackend, MlxLmOptions
 from service.decode.scheduler import OneAtATime
 from service.decode.sequence import DecodeEvent, DecodePlan, SequenceDecoder
 from service.errors import BackendFailure, NotSupported
@@ -40,6 +36,9 @@ from tests.mlx_checkpoint import (
     build_tiny_checkpoint,
 )
 
+if TYPE_CHECKING:  # mlx-lm imports transformers: seconds, so only in the tests that run it
+    from service.backends.mlx_lm import MlxLmBackend
+
 GENERATION_CONFIG = {"temperature": 0.6, "top_p": 0.9, "top_k": 20, "repetition_penalty": 1.1}
 FOX = "The quick brown fox"
 PARIS = "What is the capital of France?"
@@ -55,6 +54,8 @@ def checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="module")
 def backend(checkpoint: Path) -> Iterator[MlxLmBackend]:
+    from service.backends.mlx_lm import MlxLmBackend, MlxLmOptions
+
     backend = MlxLmBackend(checkpoint, MlxLmOptions(context_size=4096))
     yield backend
     backend.close()
@@ -63,6 +64,8 @@ def backend(checkpoint: Path) -> Iterator[MlxLmBackend]:
 @pytest.fixture(scope="module")
 def reference(checkpoint: Path) -> Any:
     """The same checkpoint loaded by mlx-lm alone: the model's own answers."""
+    from mlx_lm.utils import load
+
     return load(str(checkpoint))[0]
 
 
@@ -132,6 +135,8 @@ def run(
 
 def run_checkpoint(path: Path, prompt_ids: list[int]) -> Run:
     """`run` on a checkpoint loaded for this call alone."""
+    from service.backends.mlx_lm import MlxLmBackend, MlxLmOptions
+
     loaded = MlxLmBackend(path, MlxLmOptions(context_size=4096))
     try:
         return run(loaded, prompt_ids)
@@ -143,6 +148,9 @@ def mlx_lm_greedy(
     model: Any, prompt_ids: list[int], count: int, **penalties: float | int
 ) -> list[int]:
     """What mlx-lm itself generates greedily after the prompt, from an empty cache."""
+    from mlx_lm.generate import generate_step
+    from mlx_lm.sample_utils import make_logits_processors, make_sampler
+
     processors = make_logits_processors(**penalties)  # type: ignore[arg-type]
     steps = generate_step(
         mx.array(prompt_ids),
@@ -354,6 +362,8 @@ def test_eos_ids_in_generation_config_replace_those_in_config(
 
 
 def test_context_length_is_capped_by_the_trained_window(checkpoint: Path) -> None:
+    from service.backends.mlx_lm import MlxLmBackend, MlxLmOptions
+
     for requested, expected in [(4096, MAX_POSITION_EMBEDDINGS), (128, 128)]:
         backend = MlxLmBackend(checkpoint, MlxLmOptions(context_size=requested))
         assert backend.context_length == expected
@@ -361,6 +371,8 @@ def test_context_length_is_capped_by_the_trained_window(checkpoint: Path) -> Non
 
 
 def test_sampling_defaults_come_from_generation_config(backend: MlxLmBackend) -> None:
+    from service.backends.mlx_lm import BACKEND_NAME
+
     assert backend.name == BACKEND_NAME
     assert backend.sampling_defaults() == SamplingDefaults(
         temperature=0.6, top_p=0.9, top_k=20, repeat_penalty=1.1
@@ -370,6 +382,8 @@ def test_sampling_defaults_come_from_generation_config(backend: MlxLmBackend) ->
 def test_an_unreadable_generation_config_leaves_the_defaults(
     checkpoint: Path, tmp_path: Path
 ) -> None:
+    from service.backends.mlx_lm import MlxLmBackend, MlxLmOptions
+
     copy = _copy_checkpoint(checkpoint, tmp_path)
     (copy / "generation_config.json").write_text("{nope")
     backend = MlxLmBackend(copy, MlxLmOptions(context_size=4096))
@@ -380,6 +394,8 @@ def test_an_unreadable_generation_config_leaves_the_defaults(
 def test_a_generation_config_nested_without_end_refuses_the_load(
     checkpoint: Path, tmp_path: Path
 ) -> None:
+    from service.backends.mlx_lm import MlxLmBackend, MlxLmOptions
+
     copy = _copy_checkpoint(checkpoint, tmp_path)
     (copy / "generation_config.json").write_text("[" * 100_000 + "]" * 100_000)
     with pytest.raises(NotSupported, match="recursion"):  # mlx-lm's own reading of it
@@ -392,6 +408,8 @@ def test_a_qwen_like_tokenizer_adds_no_bos(backend: MlxLmBackend) -> None:
 
 
 def test_a_llama3_like_checkpoint_adds_its_bos_only_when_asked(tmp_path: Path) -> None:
+    from service.backends.mlx_lm import MlxLmBackend, MlxLmOptions
+
     directory = build_tiny_checkpoint(tmp_path / "llama3", with_bos=True)
     backend = MlxLmBackend(directory, MlxLmOptions(context_size=4096))
     try:
@@ -406,6 +424,8 @@ def test_a_llama3_like_checkpoint_adds_its_bos_only_when_asked(tmp_path: Path) -
 
 
 def test_close_is_idempotent_and_final(checkpoint: Path) -> None:
+    from service.backends.mlx_lm import MlxLmBackend, MlxLmOptions
+
     backend = MlxLmBackend(checkpoint, MlxLmOptions(context_size=4096))
     backend.close()
     backend.close()
@@ -448,6 +468,8 @@ BREAKAGES: dict[str, Callable[[Path], object]] = {
 def test_a_broken_checkpoint_is_refused_by_name(
     checkpoint: Path, tmp_path: Path, breakage: str
 ) -> None:
+    from service.backends.mlx_lm import MlxLmBackend, MlxLmOptions
+
     broken = _copy_checkpoint(checkpoint, tmp_path)
     BREAKAGES[breakage](broken)
     with pytest.raises(NotSupported, match=f"mlx-lm cannot load {broken.name}: ") as failure:
@@ -456,6 +478,8 @@ def test_a_broken_checkpoint_is_refused_by_name(
 
 
 def test_a_missing_directory_is_refused_not_downloaded(tmp_path: Path) -> None:
+    from service.backends.mlx_lm import MlxLmBackend, MlxLmOptions
+
     missing = tmp_path / "no-such-model"
     with pytest.raises(NotSupported, match="no-such-model: it is not a directory") as failure:
         MlxLmBackend(missing, MlxLmOptions(context_size=4096))
@@ -475,6 +499,8 @@ def gemma_checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.fixture
 def gemma(gemma_checkpoint: Path) -> Iterator[MlxLmBackend]:
     """A backend of its own per test: what its cache holds is the test's business."""
+    from service.backends.mlx_lm import MlxLmBackend, MlxLmOptions
+
     backend = MlxLmBackend(gemma_checkpoint, MlxLmOptions(context_size=4096))
     yield backend
     backend.close()
@@ -482,6 +508,8 @@ def gemma(gemma_checkpoint: Path) -> Iterator[MlxLmBackend]:
 
 def cold_run(checkpoint: Path, prompt_ids: list[int]) -> list[int]:
     """The tokens a fresh backend, with nothing cached, generates after the prompt."""
+    from service.backends.mlx_lm import MlxLmBackend, MlxLmOptions
+
     fresh = MlxLmBackend(checkpoint, MlxLmOptions(context_size=4096))
     try:
         result = run(fresh, prompt_ids)
@@ -527,6 +555,8 @@ def test_a_prompt_that_extends_the_live_cache_reuses_it(
 
 
 def test_a_prompt_sharing_nothing_starts_cold(gemma: MlxLmBackend, gemma_checkpoint: Path) -> None:
+    from mlx_lm.utils import load
+
     story = gemma.tokenize(STORY, add_bos=False)
     run(gemma, story)
     other = gemma.tokenize(PARIS, add_bos=False)
@@ -542,6 +572,8 @@ def test_repetition_penalty_counts_the_prefilled_prompt(
     gemma: MlxLmBackend, gemma_checkpoint: Path
 ) -> None:
     # generate_step sees only the last prompt token; the rest was prefilled.
+    from mlx_lm.utils import load
+
     prompt = gemma.tokenize("red, yellow and blue. red, yellow and", add_bos=False)
     penalized = run(gemma, prompt, sampling=params(repeat_penalty=1.5))
     model = load(str(gemma_checkpoint))[0]

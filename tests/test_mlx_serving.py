@@ -8,16 +8,16 @@ from typing import Any
 
 import grpc
 import pytest
-from transformers import AutoTokenizer
 
 from inference.v1 import inference_pb2 as pb
 from inference.v1 import inference_pb2_grpc as pb_grpc
 from tests.conftest import collect, finished_of, make_settings, serving, text_of
-from tests.mlx_checkpoint import build_tiny_checkpoint
 
 
 @pytest.fixture(scope="module")
 def checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    from tests.mlx_checkpoint import build_tiny_checkpoint  # mlx: imported where needed
+
     return build_tiny_checkpoint(tmp_path_factory.mktemp("mlx-models") / "tiny")
 
 
@@ -53,6 +53,8 @@ def test_chat_uses_the_checkpoint_template(stub: pb_grpc.InferenceStub, checkpoi
     request.temperature = 0  # sampled, the random weights sometimes emit <|im_end|> early
     events = collect(stub.Generate(request))
     # The prompt is exactly what transformers renders and tokenizes for this conversation.
+    from transformers import AutoTokenizer  # imported where needed: it takes seconds
+
     tokenizer = AutoTokenizer.from_pretrained(checkpoint)
     expected: Any = tokenizer.apply_chat_template(
         [{"role": "user", "content": "hi"}], add_generation_prompt=True, tokenize=True
