@@ -24,6 +24,9 @@ import openai
 import pytest
 
 from service.config import ModelConfig
+from service.errors import InvalidRequest
+from service.front.conversion import generation_request
+from service.front.openai_api.requests import chat_request, parse_body
 from service.models.embedded import EMBEDDED_MODELS
 from tests.certificates import make_pki
 from tests.conftest import SMOLLM, RunningServer, make_settings, serving
@@ -330,6 +333,9 @@ def test_a_tool_choice_that_cannot_be_met_is_a_400(client: openai.OpenAI) -> Non
     named = {"type": "function", "function": {"name": "get_news"}}
     with pytest.raises(openai.BadRequestError, match="not one of"):
         chat(client, model="hermes", messages=QUESTION, tools=[WEATHER], tool_choice=named)
+    # SmolLM2's own template teaches no tool-call convention to write the call in.
+    with pytest.raises(openai.BadRequestError, match="tool-call convention"):
+        chat(client, model=SMOLLM, messages=QUESTION, tools=[WEATHER], tool_choice="required")
     with pytest.raises(openai.BadRequestError, match="tool_choice"):
         chat(client, model="hermes", messages=QUESTION, tools=[WEATHER], tool_choice="always")
 
@@ -451,16 +457,24 @@ HOSTILE_BODIES = {
 
 
 @pytest.mark.parametrize("body", HOSTILE_BODIES.values(), ids=HOSTILE_BODIES.keys())
-def test_a_hostile_body_is_a_400_and_the_server_serves_on(
-    running: RunningServer, client: openai.OpenAI, body: str
+def test_a_hostile_body_is_refused_as_an_invalid_request(body: str) -> None:
+    """Without a server: the body's translation and conversion refuse it, as the port
+    does before anything reaches a model."""
+    with pytest.raises(InvalidRequest):
+        generation_request(chat_request(parse_body(body.encode())))
+
+
+def test_hostile_bodies_are_400s_and_the_server_serves_on(
+    running: RunningServer, client: openai.OpenAI
 ) -> None:
-    reply = httpx.post(
-        base_url(running) + "/chat/completions",
-        content=body.encode(),
-        headers={"content-type": "application/json"},
-    )
-    assert reply.status_code == 400, reply.text
-    assert reply.json()["error"]["type"] == "invalid_request_error"
+    for name, body in HOSTILE_BODIES.items():
+        reply = httpx.post(
+            base_url(running) + "/chat/completions",
+            content=body.encode(),
+            headers={"content-type": "application/json"},
+        )
+        assert reply.status_code == 400, (name, reply.text)
+        assert reply.json()["error"]["type"] == "invalid_request_error", name
     answer = chat(client, model=SMOLLM, messages=QUESTION, max_tokens=2)
     assert answer.usage.completion_tokens == 2
 
