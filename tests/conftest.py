@@ -7,6 +7,7 @@ import threading
 import time
 from collections.abc import Callable, Coroutine, Iterator
 from contextlib import contextmanager
+from pathlib import Path
 from typing import Any, TypeVar
 
 import grpc
@@ -18,6 +19,7 @@ from service.config import Settings
 from service.front.server import InferenceServer
 from service.log import configure_logging
 from tests import tiers
+from tests.tiny_model import tiny_gguf
 
 T = TypeVar("T")
 
@@ -101,6 +103,15 @@ def server() -> Iterator[RunningServer]:
     running = RunningServer(make_settings())
     yield running
     running.stop()
+
+
+@pytest.fixture(scope="session")
+def tiny_model(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A tiny random GGUF with SmolLM2's vocabulary (tests/tiny_model.py), for tests where
+    the model's words do not matter; kept in pytest's cache between runs."""
+    cache = getattr(request.config, "cache", None)
+    folder = cache.mkdir("tiny-model") if cache is not None else tmp_path_factory.mktemp("tiny")
+    return tiny_gguf(Path(folder))
 
 
 @pytest.fixture(scope="session")

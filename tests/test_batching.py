@@ -6,6 +6,7 @@ import os
 import threading
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 from typing import TypeVar
 
 import grpc
@@ -13,6 +14,7 @@ import pytest
 
 from inference.v1 import inference_pb2 as pb
 from inference.v1 import inference_pb2_grpc as pb_grpc
+from service.config import ModelConfig
 from tests.conftest import (
     RunningServer,
     collect,
@@ -60,10 +62,16 @@ def all_at_once(calls: list[Callable[[], T]]) -> list[T]:
 
 @pytest.fixture(scope="module", params=["unified", "per-sequence"])
 def batching(
-    request: pytest.FixtureRequest,
+    request: pytest.FixtureRequest, tiny_model: Path
 ) -> Iterator[tuple[RunningServer, pb_grpc.InferenceStub]]:
-    """A server batching four sequences, with either KV cache layout."""
-    settings = make_settings(parallel_sequences=4, cached_sequences=4, kv_layout=request.param)
+    """A server batching four sequences, with either KV cache layout: SmolLM2, and the
+    tiny random model as "tiny" for streams whose words do not matter."""
+    settings = make_settings(
+        parallel_sequences=4,
+        cached_sequences=4,
+        kv_layout=request.param,
+        models={"tiny": ModelConfig(source=str(tiny_model))},
+    )
     with serving(settings) as running:
         yield running
 
@@ -141,11 +149,11 @@ def test_a_newcomer_streams_while_a_long_generation_runs(
     batching: tuple[RunningServer, pb_grpc.InferenceStub],
 ) -> None:
     running, stub = batching
-    (model,) = running.server.pool.loaded()
-    long_call = stub.Generate(greedy("Count: 1, 2, 3,", max_tokens=400))
+    long_call = stub.Generate(greedy("Count: 1, 2, 3,", max_tokens=400, model="tiny"))
     next(long_call)  # started
     next(long_call)  # its first token: it is decoding now
-    newcomer = collect(stub.Generate(greedy("Hello", max_tokens=3)))
+    (model,) = [m for m in running.server.pool.loaded() if m.name == "tiny"]
+    newcomer = collect(stub.Generate(greedy("Hello", max_tokens=3, model="tiny")))
     # Served one after another, the newcomer would start only once the long one
     # ended; batched, it ends ~390 tokens before the long one does.
     long_still_running = model.engine.running

@@ -26,12 +26,10 @@ from pathlib import Path
 import grpc
 import pytest
 
-from bench.gpu_model import build
 from inference.v1 import inference_pb2 as pb
 from inference.v1 import inference_pb2_grpc as pb_grpc
 from service.hub.disk import cache_failure
-from service.models.embedded import EMBEDDED_MODELS
-from tests.conftest import SMOLLM, collect, finished_of, make_settings, serving
+from tests.conftest import collect, finished_of, make_settings, serving
 from tests.fake_hub import FakeHub, FakeRepo
 
 NAME = "tiny.gguf"
@@ -54,11 +52,9 @@ REPOS = [
 
 
 @pytest.fixture(scope="module")
-def model_bytes(tmp_path_factory: pytest.TempPathFactory) -> bytes:
+def model_bytes(tiny_model: Path) -> bytes:
     """A tiny llama-shaped GGUF with a real vocabulary: loads, and pulls in a blink."""
-    out = tmp_path_factory.mktemp("model") / NAME
-    build(out, EMBEDDED_MODELS[SMOLLM].locate(), "tiny", "Q8_0", threads=1)
-    return out.read_bytes()
+    return tiny_model.read_bytes()
 
 
 @pytest.fixture(scope="module")
