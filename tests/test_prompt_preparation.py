@@ -2,7 +2,7 @@
 
 Rendering and tokenizing ran on the model's worker thread, so a large prompt held up
 every stream of that model for as long as its tokenizer took. Here a stream decodes
-while another request's ~300 KB prompt is tokenized (Gemma's tokenizer takes seconds
+while another request's ~150 KB prompt is tokenized (Gemma's tokenizer takes seconds
 over it, then the prompt is refused for the context window): the stream's tokens keep
 coming meanwhile.
 """
@@ -19,7 +19,7 @@ import pytest
 from inference.v1 import inference_pb2 as pb
 from tests.conftest import GEMMA, collect, make_settings, serving
 
-HTML = "<div class='note'><b>item</b> <i>value</i></div>\n" * 6000  # ~300 KB
+HTML = "<div class='note'><b>item</b> <i>value</i></div>\n" * 3000  # ~150 KB
 
 
 def test_a_long_prompts_preparation_does_not_hold_up_other_streams() -> None:
