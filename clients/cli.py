@@ -18,6 +18,7 @@ with --tls-cert/--tls-key for mTLS), --token TOKEN (or INFERENCE_TOKEN), --reque
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import sys
 import time
@@ -319,6 +320,37 @@ def _size(count: int) -> str:
     raise AssertionError("unreachable")
 
 
+def embed(args: argparse.Namespace) -> int:
+    """One JSON line per input: its vector, and how many tokens the model read."""
+    request = pb.EmbedRequest(
+        model=args.model,
+        inputs=[pb.EmbedInput(text=text) for text in args.text],
+        truncate=args.truncate,
+    )
+    if args.raw:
+        request.normalize = False
+    with _channel(args) as channel:
+        reply = pb_grpc.InferenceStub(channel).Embed(
+            request, timeout=args.timeout, metadata=_metadata(args)
+        )
+    for text, item in zip(args.text, reply.embeddings, strict=True):
+        line = {
+            "text": text,
+            "tokens": item.tokens,
+            "embedding": [round(v, 6) for v in item.values],
+        }
+        if item.truncated:
+            line["truncated"] = True
+        print(json.dumps(line))
+    print(
+        f"{reply.model}: {len(reply.embeddings)} vectors of {reply.dimensions} ({reply.pooling} "
+        f"pooling{', unit length' if reply.normalized else ''}), {reply.prompt_tokens} tokens, "
+        f"{reply.total_ms:.0f} ms",
+        file=sys.stderr,
+    )
+    return 0
+
+
 def models(args: argparse.Namespace) -> int:
     with _channel(args) as channel:
         reply = pb_grpc.InferenceStub(channel).ListModels(
@@ -428,6 +460,17 @@ def build_parser() -> argparse.ArgumentParser:
     )
     delete.add_argument("model", help="owner/name, or owner/name@REVISION for one revision")
     delete.set_defaults(run=cache_delete)
+
+    vectors = commands.add_parser("embed", help="embed texts: one JSON line per text")
+    vectors.add_argument("text", nargs="+", help="a text to embed; several are sent together")
+    vectors.add_argument("--model", default="", help="embedding model (default: the server's)")
+    vectors.add_argument(
+        "--truncate", action="store_true", help="cut a text longer than the model's window"
+    )
+    vectors.add_argument(
+        "--raw", action="store_true", help="as the model gives them, not unit length"
+    )
+    vectors.set_defaults(run=embed)
 
     commands.add_parser("models", help="list the server's models").set_defaults(run=models)
 

@@ -199,6 +199,11 @@ class PoolSettings(BaseModel):
         default="smollm2-135m-instruct",
         description="Model that serves requests which leave `model` empty.",
     )
+    default_embedding_model: str = Field(
+        default="all-minilm-l6-v2",
+        description="Model that serves Embed (and /v1/embeddings) requests which leave "
+        "`model` empty.",
+    )
     models: dict[str, ModelConfig] = Field(
         default_factory=dict,
         description="Extra models by name, besides the embedded ones (NAME=SOURCE).",

@@ -11,7 +11,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from inference.v1 import inference_pb2 as pb
 from service.front.metrics_http import ServedRegistry
-from tests.conftest import SMOLLM, collect, make_settings, serving
+from tests.conftest import SMOLLM, RunningServer, collect, make_settings, serving
 
 
 def scrape(port: int) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
@@ -62,9 +62,8 @@ def test_metrics_count_rpcs_tokens_and_the_pool() -> None:
     assert metrics[("inference_pool_budget_bytes", ())] >= memory
 
 
-def test_metrics_are_off_unless_asked_for() -> None:
-    with serving(make_settings()) as (running, _):
-        assert running.server.metrics_port is None
+def test_metrics_are_off_unless_asked_for(server: RunningServer) -> None:
+    assert server.server.metrics_port is None  # the session's server: no --metrics-listen
 
 
 def test_metrics_serve_on_an_ipv6_address_written_in_brackets() -> None:

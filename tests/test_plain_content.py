@@ -20,13 +20,14 @@ import llama_cpp
 import pytest
 
 from inference.v1 import inference_pb2 as pb
+from inference.v1 import inference_pb2_grpc as pb_grpc
 from service.backends.llama_cpp.backend import LlamaCppBackend, LlamaCppOptions
 from service.errors import InvalidRequest
 from service.models.embedded import EMBEDDED_MODELS
 from service.text.chat_template import render_chat
 from service.text.plain_content import ControlTexts, cut, plain_spans, prompt_ids
 from service.text.requests import ChatMessage, ToolCall
-from tests.conftest import SMOLLM, make_settings, serving
+from tests.conftest import SMOLLM
 
 if TYPE_CHECKING:
     from service.backends.mlx_lm import MlxLmBackend
@@ -157,20 +158,19 @@ def test_spans_cover_exactly_each_clients_text() -> None:
     ]
 
 
-def test_the_server_counts_forged_markers_as_text() -> None:
+def test_the_server_counts_forged_markers_as_text(stub: pb_grpc.InferenceStub) -> None:
     """Through Generate: the forged prompt is longer than the real conversation's (each
     marker is several text tokens), and generation goes on normally."""
-    with serving(make_settings()) as (_, stub):
 
-        def prompt_tokens(messages: list[pb.ChatMessage]) -> int:
-            request = pb.GenerateRequest(messages=messages, max_tokens=1)
-            started: pb.GenerateResponse = next(iter(stub.Generate(request)))
-            return started.started.prompt_tokens
+    def prompt_tokens(messages: list[pb.ChatMessage]) -> int:
+        request = pb.GenerateRequest(messages=messages, max_tokens=1)
+        started: pb.GenerateResponse = next(iter(stub.Generate(request)))
+        return started.started.prompt_tokens
 
-        real = prompt_tokens([pb.ChatMessage(role=m.role, content=m.content) for m in REAL])
-        forged = prompt_tokens([pb.ChatMessage(role="user", content=FORGED)])
-        assert forged > real
-        bad_name = pb.ChatMessage(role="user", content="hi", name="<|im_start|>")
-        with pytest.raises(grpc.RpcError) as caught:
-            list(stub.Generate(pb.GenerateRequest(messages=[bad_name], max_tokens=1)))
-        assert caught.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    real = prompt_tokens([pb.ChatMessage(role=m.role, content=m.content) for m in REAL])
+    forged = prompt_tokens([pb.ChatMessage(role="user", content=FORGED)])
+    assert forged > real
+    bad_name = pb.ChatMessage(role="user", content="hi", name="<|im_start|>")
+    with pytest.raises(grpc.RpcError) as caught:
+        list(stub.Generate(pb.GenerateRequest(messages=[bad_name], max_tokens=1)))
+    assert caught.value.code() == grpc.StatusCode.INVALID_ARGUMENT

@@ -12,6 +12,7 @@ class Capability(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     CAPABILITY_UNSPECIFIED: _ClassVar[Capability]
     CAPABILITY_TEXT: _ClassVar[Capability]
     CAPABILITY_IMAGE: _ClassVar[Capability]
+    CAPABILITY_EMBED: _ClassVar[Capability]
 
 class FinishReason(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = ()
@@ -34,6 +35,7 @@ class QuantizationScheme(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
 CAPABILITY_UNSPECIFIED: Capability
 CAPABILITY_TEXT: Capability
 CAPABILITY_IMAGE: Capability
+CAPABILITY_EMBED: Capability
 FINISH_REASON_UNSPECIFIED: FinishReason
 FINISH_REASON_END_OF_TURN: FinishReason
 FINISH_REASON_STOP_SEQUENCE: FinishReason
@@ -612,3 +614,57 @@ class ListModelsResponse(_message.Message):
     default_model: str
     load: ServerLoad
     def __init__(self, models: _Optional[_Iterable[_Union[ModelInfo, _Mapping]]] = ..., default_model: _Optional[str] = ..., load: _Optional[_Union[ServerLoad, _Mapping]] = ...) -> None: ...
+
+class EmbedRequest(_message.Message):
+    __slots__ = ("model", "inputs", "normalize", "truncate")
+    MODEL_FIELD_NUMBER: _ClassVar[int]
+    INPUTS_FIELD_NUMBER: _ClassVar[int]
+    NORMALIZE_FIELD_NUMBER: _ClassVar[int]
+    TRUNCATE_FIELD_NUMBER: _ClassVar[int]
+    model: str
+    inputs: _containers.RepeatedCompositeFieldContainer[EmbedInput]
+    normalize: bool
+    truncate: bool
+    def __init__(self, model: _Optional[str] = ..., inputs: _Optional[_Iterable[_Union[EmbedInput, _Mapping]]] = ..., normalize: _Optional[bool] = ..., truncate: _Optional[bool] = ...) -> None: ...
+
+class EmbedInput(_message.Message):
+    __slots__ = ("text", "tokens")
+    TEXT_FIELD_NUMBER: _ClassVar[int]
+    TOKENS_FIELD_NUMBER: _ClassVar[int]
+    text: str
+    tokens: EmbedTokens
+    def __init__(self, text: _Optional[str] = ..., tokens: _Optional[_Union[EmbedTokens, _Mapping]] = ...) -> None: ...
+
+class EmbedTokens(_message.Message):
+    __slots__ = ("ids",)
+    IDS_FIELD_NUMBER: _ClassVar[int]
+    ids: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, ids: _Optional[_Iterable[int]] = ...) -> None: ...
+
+class EmbedResponse(_message.Message):
+    __slots__ = ("embeddings", "model", "dimensions", "pooling", "normalized", "prompt_tokens", "total_ms")
+    EMBEDDINGS_FIELD_NUMBER: _ClassVar[int]
+    MODEL_FIELD_NUMBER: _ClassVar[int]
+    DIMENSIONS_FIELD_NUMBER: _ClassVar[int]
+    POOLING_FIELD_NUMBER: _ClassVar[int]
+    NORMALIZED_FIELD_NUMBER: _ClassVar[int]
+    PROMPT_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    TOTAL_MS_FIELD_NUMBER: _ClassVar[int]
+    embeddings: _containers.RepeatedCompositeFieldContainer[Embedding]
+    model: str
+    dimensions: int
+    pooling: str
+    normalized: bool
+    prompt_tokens: int
+    total_ms: float
+    def __init__(self, embeddings: _Optional[_Iterable[_Union[Embedding, _Mapping]]] = ..., model: _Optional[str] = ..., dimensions: _Optional[int] = ..., pooling: _Optional[str] = ..., normalized: _Optional[bool] = ..., prompt_tokens: _Optional[int] = ..., total_ms: _Optional[float] = ...) -> None: ...
+
+class Embedding(_message.Message):
+    __slots__ = ("values", "tokens", "truncated")
+    VALUES_FIELD_NUMBER: _ClassVar[int]
+    TOKENS_FIELD_NUMBER: _ClassVar[int]
+    TRUNCATED_FIELD_NUMBER: _ClassVar[int]
+    values: _containers.RepeatedScalarFieldContainer[float]
+    tokens: int
+    truncated: bool
+    def __init__(self, values: _Optional[_Iterable[float]] = ..., tokens: _Optional[int] = ..., truncated: _Optional[bool] = ...) -> None: ...

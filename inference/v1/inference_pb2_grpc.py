@@ -80,6 +80,11 @@ class InferenceStub:
                 request_serializer=inference_dot_v1_dot_inference__pb2.DeleteCachedRequest.SerializeToString,
                 response_deserializer=inference_dot_v1_dot_inference__pb2.DeleteCachedResponse.FromString,
                 _registered_method=True)
+        self.Embed = channel.unary_unary(
+                '/inference.v1.Inference/Embed',
+                request_serializer=inference_dot_v1_dot_inference__pb2.EmbedRequest.SerializeToString,
+                response_deserializer=inference_dot_v1_dot_inference__pb2.EmbedResponse.FromString,
+                _registered_method=True)
 
 
 class InferenceServicer:
@@ -162,6 +167,14 @@ class InferenceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def Embed(self, request, context):
+        """Embed gives one vector per input (a text, or token ids) from an embedding
+        model, in the order given. Requests to one model are evaluated together.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_InferenceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -209,6 +222,11 @@ def add_InferenceServicer_to_server(servicer, server):
                     servicer.DeleteCached,
                     request_deserializer=inference_dot_v1_dot_inference__pb2.DeleteCachedRequest.FromString,
                     response_serializer=inference_dot_v1_dot_inference__pb2.DeleteCachedResponse.SerializeToString,
+            ),
+            'Embed': grpc.unary_unary_rpc_method_handler(
+                    servicer.Embed,
+                    request_deserializer=inference_dot_v1_dot_inference__pb2.EmbedRequest.FromString,
+                    response_serializer=inference_dot_v1_dot_inference__pb2.EmbedResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -455,6 +473,33 @@ class Inference:
             '/inference.v1.Inference/DeleteCached',
             inference_dot_v1_dot_inference__pb2.DeleteCachedRequest.SerializeToString,
             inference_dot_v1_dot_inference__pb2.DeleteCachedResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Embed(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/inference.v1.Inference/Embed',
+            inference_dot_v1_dot_inference__pb2.EmbedRequest.SerializeToString,
+            inference_dot_v1_dot_inference__pb2.EmbedResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -33,6 +33,7 @@ from service.admission.gates import (
     mlx_lm_refusal,
 )
 from service.admission.hub import read_remote
+from service.backends.names import LLAMA_CPP_EMBEDDINGS
 from service.hub.client import HubAccess
 from service.hub.download import Download
 from service.hub.files import SPLIT_GGUF
@@ -43,6 +44,7 @@ from service.model_source import HubReference, ModelSource
 class Capability(enum.Enum):
     TEXT = pb.CAPABILITY_TEXT
     IMAGE = pb.CAPABILITY_IMAGE
+    EMBED = pb.CAPABILITY_EMBED
 
 
 @dataclass(frozen=True)
@@ -126,8 +128,13 @@ def _decide_described(
     if capability is Capability.IMAGE:
         return Decision(False, f"{name} is a text model; call Generate", "", None, True)
     if kind == "gguf":
-        verdict = _verdict(LLAMA_CPP, description, llama_cpp_refusal(description))
+        problem = _task_refusal(description, capability, name) or llama_cpp_refusal(description)
+        backend = LLAMA_CPP_EMBEDDINGS if description.pooling else LLAMA_CPP
+        verdict = _verdict(backend, description, problem)
         return dataclasses.replace(verdict, offloads=llama_cpp_offloads())
+    if capability is Capability.EMBED:
+        refused = f"{name} generates text; embeddings are served from GGUF embedding models"
+        return _verdict(MLX_LM, description, refused)
     return _verdict(MLX_LM, description, mlx_lm_refusal(description))
 
 
@@ -151,6 +158,20 @@ def _decide_remote(
         if not download.fits_on_disk:
             reason += f", more than the {download.free_bytes} bytes free for the hub cache"
     return dataclasses.replace(decision, reason=reason, available_locally=False, download=download)
+
+
+def _task_refusal(description: ModelDescription, capability: Capability, name: str) -> str | None:
+    """Whether a GGUF model does what was asked: an embedding model (its file names a
+    pooling type, as llama.cpp reads it) embeds and generates nothing, any other
+    generates and gives no embeddings."""
+    if capability is Capability.EMBED and not description.pooling:
+        return (
+            f"{name} generates text; it gives no embeddings (its file names no pooling "
+            "type): call Generate, or name an embedding model"
+        )
+    if capability is Capability.TEXT and description.pooling:
+        return f"{name} is an embedding model ({description.pooling} pooling); call Embed"
+    return None
 
 
 def _verdict(backend: str, description: ModelDescription, refusal: str | None) -> Decision:

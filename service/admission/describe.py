@@ -80,6 +80,9 @@ class ModelDescription:
     config: Mapping[str, Any] = field(default_factory=dict)
     # What is wrong with the metadata, in words; empty when nothing is.
     defect: str = ""
+    # GGUF only: how the model pools its token vectors into one ("mean", "cls",
+    # "last"), from `{arch}.pooling_type`; set only for an embedding model.
+    pooling: str = ""
 
     def memory_bytes(
         self, context_size: int, sequences: int = 1, *, pooled: bool = False
@@ -216,7 +219,12 @@ def _describe_header(header: GGUFHeader, problem: str | None) -> ModelDescriptio
         vocab_size=_vocabulary_size(values.get(VOCABULARY)),
         tensor_types=frozenset(counts),
         defect=problem or "",
+        pooling=_POOLING.get(_count(values.get(f"{arch}.pooling_type")), ""),
     )
+
+
+# llama.cpp's pooling types (llama.h's llama_pooling_type) that give one vector per input.
+_POOLING = {1: "mean", 2: "cls", 3: "last"}
 
 
 def _vocabulary_size(tokens: Any) -> int:

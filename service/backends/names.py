@@ -6,6 +6,8 @@ from __future__ import annotations
 from typing import Literal
 
 LLAMA_CPP = "llama.cpp"
+# An embedding model (BERT and kin), loaded in llama.cpp's embedding mode.
+LLAMA_CPP_EMBEDDINGS = "llama.cpp-embeddings"
 MLX_LM = "mlx-lm"
 DIFFUSERS = "diffusers"
 # A configured model's backend setting: images come from the external command.

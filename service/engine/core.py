@@ -10,7 +10,9 @@ coroutine).
 For text it prepares the prompt (chat template, tokenizer, length budget),
 sends the `started` event and hands the plan to the scheduler; events leave
 as `inference.v1.GenerateResponse` messages, tool calls parsed into the last.
-For images it runs the pipeline, reporting each denoising step.
+For images it runs the pipeline, reporting each denoising step. For an
+embedding model it tokenizes each request's inputs, then evaluates every
+request waiting together (service.engine.embedding_queue).
 """
 
 from __future__ import annotations
@@ -30,6 +32,9 @@ from service.backends.names import DIFFUSERS
 from service.decode.scheduler import DecodeScheduler, nothing_to_publish
 from service.decode.sequence import DecodeEvent, DecodePlan, fit_max_tokens
 from service.decode.sink import EventSink
+from service.embeddings.backend import EmbeddingBackend
+from service.engine.embedding_queue import EmbedJob, EmbedQueue, EmbedSink, tokenized
+from service.embeddings.requests import EmbedRequest
 from service.engine.base import EngineInfo
 from service.engine.options import EngineOptions
 from service.engine.worker import ModelWorker
@@ -63,7 +68,7 @@ class EngineCore:
     def __init__(
         self,
         options: EngineOptions,
-        backend: TextBackend | ImageBackend,
+        backend: TextBackend | ImageBackend | EmbeddingBackend,
         worker: ModelWorker,
         *,
         on_failure: Callable[[str], None],
@@ -82,7 +87,11 @@ class EngineCore:
         self._images_lock = threading.Lock()
         self._preparer = ThreadPoolExecutor(1, thread_name_prefix=f"prepare:{options.name}")
         self.scheduler: DecodeScheduler | None = None
-        if options.backend != DIFFUSERS:
+        self.embeddings: EmbedQueue | None = None
+        if options.embeddings:
+            self.embeddings = EmbedQueue(cast(EmbeddingBackend, backend), self._failed, publish)
+            worker.attach(self.embeddings.step)
+        elif options.backend != DIFFUSERS:
             self.scheduler = DecodeScheduler(
                 cast(TextBackend, backend),
                 options.max_waiting_sequences,
@@ -96,6 +105,9 @@ class EngineCore:
     @property
     def info(self) -> EngineInfo:
         scheduler = self.scheduler
+        if self.embeddings is not None:
+            window = cast(EmbeddingBackend, self.backend).context_length
+            return EngineInfo(self.backend.name, window)
         if scheduler is None:
             return EngineInfo(self.backend.name, 0)
         return EngineInfo(self.backend.name, self._text.context_length, scheduler.computes_off_cpu)
@@ -106,6 +118,8 @@ class EngineCore:
 
     @property
     def waiting(self) -> int:
+        if self.embeddings is not None:
+            return self.embeddings.waiting
         return 0 if self.scheduler is None else self.scheduler.waiting
 
     @property
@@ -151,6 +165,25 @@ class EngineCore:
         try:
             self.worker.submit(in_this_context(queue))
         except ServiceError as exc:  # the model is being unloaded
+            sink.close(exc)
+            self._publish()
+
+    def submit_embed(self, request: EmbedRequest, sink: EmbedSink) -> None:
+        """Tokenize one request's inputs on the preparation thread, then queue them for
+        the worker's next evaluation (with whatever else is waiting). Called from any
+        thread, in the request's context, as submit_text."""
+        self._preparer.submit(in_this_context(lambda: self._tokenize_then_queue(request, sink)))
+
+    def _tokenize_then_queue(self, request: EmbedRequest, sink: EmbedSink) -> None:
+        try:
+            if self.embeddings is None:
+                raise NotSupported(f"model {self.options.name!r} does not embed; call Generate")
+            backend = cast(EmbeddingBackend, self.backend)
+            ids, truncated = tokenized(backend, request.inputs, request.truncate)
+            queue = self.embeddings
+            job = EmbedJob(ids, truncated, request.normalize, sink)
+            self.worker.submit(in_this_context(lambda: queue.add(job)))
+        except Exception as exc:  # this request's alone (a ServiceError, or a bug of ours)
             sink.close(exc)
             self._publish()
 
@@ -252,10 +285,14 @@ class EngineCore:
         self._preparer.shutdown(wait=True, cancel_futures=True)
         if self.scheduler is not None:  # nothing may step a closed backend
             self.scheduler.abort(reason)
+        if self.embeddings is not None:
+            self.embeddings.abort(reason)
         self._broken = self._broken or reason
         self.backend.close()
 
     def _scheduler(self) -> DecodeScheduler:
+        if self.embeddings is not None:
+            raise NotSupported(f"model {self.options.name!r} gives embeddings; call Embed")
         if self.scheduler is None:
             raise NotSupported(f"model {self.options.name!r} generates images; call GenerateImage")
         return self.scheduler

@@ -28,6 +28,7 @@ from google.protobuf.message import Message
 
 from inference.engine.v1 import engine_pb2 as epb
 from inference.v1 import inference_pb2 as pb
+from service.embeddings.requests import Embedded
 from service.engine import wire
 from service.engine.core import EngineCore
 from service.engine.framing import BlockingLink
@@ -128,6 +129,7 @@ class RemoteSink:
         item: pb.GenerateResponse
         | ImageStep
         | RenderedImage
+        | Embedded
         | pb.TokenizeResponse
         | pb.DetokenizeResponse,
     ) -> None:
@@ -138,6 +140,8 @@ class RemoteSink:
             event.tokenized.CopyFrom(item)
         elif isinstance(item, pb.DetokenizeResponse):
             event.detokenized.CopyFrom(item)
+        elif isinstance(item, Embedded):
+            event.embedded.CopyFrom(item.to_pb(""))
         elif isinstance(item, ImageStep):
             event.image_progress.CopyFrom(item.to_pb().progress)
         else:
@@ -217,6 +221,8 @@ class EngineServer:
             self._generate(message.generate)
         elif kind == "generate_image":
             self._generate_image(message.generate_image)
+        elif kind == "embed":
+            self._embed(message.embed)
         elif kind == "tokenize":
             self._tokenize(message.tokenize)
         elif kind == "detokenize":
@@ -250,6 +256,18 @@ class EngineServer:
         with bound_request_id(image.request_id):  # as in _generate
             log.debug("request received", kind="image")
             self._served().submit_image(wire.image_request(image), image.received_at, sink)
+
+    def _embed(self, embed: epb.Embed) -> None:
+        sink = self._sink(embed.id, embed.request_id)
+        with bound_request_id(embed.request_id):  # as in _generate
+            log.debug("request received", kind="embed", inputs=len(embed.inputs))
+            try:
+                request = wire.embed_request(embed, self._options.name)
+            except Exception as exc:  # the front checked it; a mismatch is ours to report
+                sink.close(exc)
+                self._outgoing.flush()
+                return
+            self._served().submit_embed(request, sink)
 
     def _tokenize(self, tokenize: epb.Tokenize) -> None:
         sink = self._sink(tokenize.id, tokenize.request_id)

@@ -167,6 +167,7 @@ class InferenceServer:
             ),
             stream_buffer_bytes=int(settings.stream_buffer_bytes),
             send_stall_seconds=settings.send_stall_seconds,
+            default_embedding_model=settings.default_embedding_model,
         )
         add_inference_service(servicer, self._server)
         self.http: OpenAiHttp | None = None

@@ -11,6 +11,7 @@ from inference.v1 import inference_pb2 as pb
 from inference.v1 import inference_pb2_grpc as pb_grpc
 from service.admission import Capability, Decision
 from service.backends.names import EXTERNAL
+from service.embeddings.requests import EmbedRequest
 from service.errors import InvalidRequest
 from service.front.auth import BearerAuth
 from service.front.conversion import generation_request
@@ -28,6 +29,7 @@ from service.models.admit_report import AdmissionReport, download_pb
 from service.models.catalog import ModelSpec
 from service.models.pool import LoadedModel, ModelPool, memory_need
 from service.models.sources import check_model_name
+from service.serving.embeddings import EmbeddingService
 from service.serving.images import ImageGenerator
 from service.serving.outbox import ahead_of_reader
 from service.serving.pulls import Pulls
@@ -57,6 +59,7 @@ class InferenceServicer(pb_grpc.InferenceServicer):
         pulls: Pulls | None = None,
         stream_buffer_bytes: int = 1 << 20,
         send_stall_seconds: float = 30.0,
+        default_embedding_model: str = "",
     ) -> None:
         self.metrics = metrics
         self.auth = auth
@@ -72,6 +75,8 @@ class InferenceServicer(pb_grpc.InferenceServicer):
         self._pulls = pulls or Pulls(pool, None, "this server does not download models")
         self._stream_buffer_bytes = stream_buffer_bytes
         self.send_stall_seconds = send_stall_seconds
+        self._embeddings = EmbeddingService(pool)
+        self._default_embedding_model = default_embedding_model
 
     @stream_rpc
     async def Generate(
@@ -168,6 +173,18 @@ class InferenceServicer(pb_grpc.InferenceServicer):
             max_running=gate.max_active,
             max_waiting=gate.max_waiting,
         )
+
+    @unary_rpc
+    async def Embed(self, request: pb.EmbedRequest, summary: Summary) -> pb.EmbedResponse:
+        received_at = time.monotonic()
+        check_model_name(request.model)
+        embed = EmbedRequest.from_pb(request, self._default_embedding_model)
+        summary.update(model=embed.model, inputs=len(embed.inputs))
+        async with self._gate.slot(embed.model):
+            embedded, backend = await self._embeddings.embed(embed)
+        total_ms = (time.monotonic() - received_at) * 1000
+        summary.update(backend=backend, prompt_tokens=sum(embedded.tokens))
+        return embedded.to_pb(embed.model, total_ms)
 
     @unary_rpc
     async def Admit(self, request: pb.AdmitRequest, summary: Summary) -> pb.AdmitResponse:
@@ -324,13 +341,16 @@ def _capability(value: int) -> Capability:
         return Capability(value or pb.CAPABILITY_TEXT)
     except ValueError:
         raise InvalidRequest(
-            f"unknown capability {value}; use CAPABILITY_TEXT or CAPABILITY_IMAGE"
+            f"unknown capability {value}; use CAPABILITY_TEXT, CAPABILITY_IMAGE or CAPABILITY_EMBED"
         ) from None
 
 
 def _model_info(spec: ModelSpec, model: LoadedModel | None, default: str) -> pb.ModelInfo:
-    # Until a model is loaded its kind is only known for the external image command.
+    # Until a model is loaded its kind is only known for the external image command
+    # and the embedded models.
     capability = pb.CAPABILITY_IMAGE if spec.backend == EXTERNAL else pb.CAPABILITY_TEXT
+    if spec.embeds:
+        capability = pb.CAPABILITY_EMBED
     info = pb.ModelInfo(
         name=spec.name,
         source=spec.label,

@@ -29,6 +29,7 @@ class ModelSpec:
     source: str = ""  # the reference as configured or requested
     backend: str = "auto"  # or names.EXTERNAL: images come from the external command
     base_model: str = "dev"
+    embeds: bool = False  # known to be an embedding model before it is loaded
 
 
 def _nowhere() -> ModelSource:
@@ -83,6 +84,7 @@ class Catalog:
             name=embedded.name,
             label=f"pypi:{embedded.package}",
             locate=lambda: ModelSource("gguf", embedded.locate()),
+            embeds=embedded.embeds,
         )
 
     def _configured_spec(self, name: str, config: ModelConfig) -> ModelSpec:

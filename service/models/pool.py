@@ -113,9 +113,12 @@ class LoadedModel:
     def require(self, capability: Capability) -> Engine:
         """Its engine, or NotSupported when the model does not do what was asked."""
         if capability is not self.capability:
-            if capability is Capability.TEXT:
-                raise NotSupported(f"model {self.name!r} generates images; call GenerateImage")
-            raise NotSupported(f"model {self.name!r} generates text; call Generate")
+            does = {
+                Capability.TEXT: "generates text; call Generate",
+                Capability.IMAGE: "generates images; call GenerateImage",
+                Capability.EMBED: "gives embeddings; call Embed",
+            }
+            raise NotSupported(f"model {self.name!r} {does[self.capability]}")
         return self.engine
 
 

@@ -2,6 +2,9 @@
 //
 //   node src/cli.mjs generate [options] PROMPT   stream a completion
 //   node src/cli.mjs models [options]            list the models, as JSON
+//   node src/cli.mjs embed TEXT [TEXT...]        embed the texts together: one JSON line per
+//                                                text (its vector and tokens), a summary on
+//                                                stderr
 //   node src/cli.mjs pull [--image] MODEL        download a hub model into the server's
 //                                                cache (it needs --allow-pull): a progress
 //                                                bar on stderr, the finished event as JSON
@@ -34,6 +37,8 @@ import {
   Capability,
   ChatMessageSchema,
   DeleteCachedRequestSchema,
+  EmbedInputSchema,
+  EmbedRequestSchema,
   GenerateRequestSchema,
   GenerationFinishedSchema,
   Inference,
@@ -142,6 +147,24 @@ async function generate(client) {
 async function models(client) {
   const reply = await client.listModels(create(ListModelsRequestSchema), callOptions());
   console.log(JSON.stringify(toJson(ListModelsResponseSchema, reply)));
+}
+
+async function embed(client) {
+  const texts = words;
+  const request = create(EmbedRequestSchema, {
+    model: values.model,
+    inputs: texts.map((text) => create(EmbedInputSchema, { input: { case: "text", value: text } })),
+  });
+  const reply = await client.embed(request, callOptions());
+  reply.embeddings.forEach((item, index) => {
+    const line = { text: texts[index], tokens: item.tokens, embedding: item.values };
+    if (item.truncated) line.truncated = true;
+    console.log(JSON.stringify(line));
+  });
+  console.error(
+    `${reply.model}: ${reply.embeddings.length} vectors of ${reply.dimensions} ` +
+      `(${reply.pooling} pooling), ${reply.promptTokens} tokens, ${reply.totalMs.toFixed(0)} ms`,
+  );
 }
 
 async function pull(client) {
@@ -330,7 +353,7 @@ function megabytes(bytesPerSecond) {
   return (bytesPerSecond / 1e6).toFixed(1);
 }
 
-const commands = { generate, models, pull, cache };
+const commands = { generate, models, embed, pull, cache };
 if (!(command in commands)) {
   console.error(`unknown command ${command}; use one of: ${Object.keys(commands).join(", ")}`);
   process.exit(64);

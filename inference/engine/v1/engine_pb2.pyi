@@ -8,7 +8,7 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 DESCRIPTOR: _descriptor.FileDescriptor
 
 class ToEngine(_message.Message):
-    __slots__ = ("load", "generate", "generate_image", "cancel", "shutdown", "tokenize", "detokenize")
+    __slots__ = ("load", "generate", "generate_image", "cancel", "shutdown", "tokenize", "detokenize", "embed")
     LOAD_FIELD_NUMBER: _ClassVar[int]
     GENERATE_FIELD_NUMBER: _ClassVar[int]
     GENERATE_IMAGE_FIELD_NUMBER: _ClassVar[int]
@@ -16,6 +16,7 @@ class ToEngine(_message.Message):
     SHUTDOWN_FIELD_NUMBER: _ClassVar[int]
     TOKENIZE_FIELD_NUMBER: _ClassVar[int]
     DETOKENIZE_FIELD_NUMBER: _ClassVar[int]
+    EMBED_FIELD_NUMBER: _ClassVar[int]
     load: Load
     generate: Generate
     generate_image: GenerateImage
@@ -23,7 +24,8 @@ class ToEngine(_message.Message):
     shutdown: Shutdown
     tokenize: Tokenize
     detokenize: Detokenize
-    def __init__(self, load: _Optional[_Union[Load, _Mapping]] = ..., generate: _Optional[_Union[Generate, _Mapping]] = ..., generate_image: _Optional[_Union[GenerateImage, _Mapping]] = ..., cancel: _Optional[_Union[Cancel, _Mapping]] = ..., shutdown: _Optional[_Union[Shutdown, _Mapping]] = ..., tokenize: _Optional[_Union[Tokenize, _Mapping]] = ..., detokenize: _Optional[_Union[Detokenize, _Mapping]] = ...) -> None: ...
+    embed: Embed
+    def __init__(self, load: _Optional[_Union[Load, _Mapping]] = ..., generate: _Optional[_Union[Generate, _Mapping]] = ..., generate_image: _Optional[_Union[GenerateImage, _Mapping]] = ..., cancel: _Optional[_Union[Cancel, _Mapping]] = ..., shutdown: _Optional[_Union[Shutdown, _Mapping]] = ..., tokenize: _Optional[_Union[Tokenize, _Mapping]] = ..., detokenize: _Optional[_Union[Detokenize, _Mapping]] = ..., embed: _Optional[_Union[Embed, _Mapping]] = ...) -> None: ...
 
 class FromEngine(_message.Message):
     __slots__ = ("loaded", "load_failed", "events", "model_failed", "heartbeat")
@@ -204,6 +206,22 @@ class Detokenize(_message.Message):
     token_ids: _containers.RepeatedScalarFieldContainer[int]
     def __init__(self, id: _Optional[int] = ..., request_id: _Optional[str] = ..., token_ids: _Optional[_Iterable[int]] = ...) -> None: ...
 
+class Embed(_message.Message):
+    __slots__ = ("id", "received_at", "request_id", "inputs", "normalize", "truncate")
+    ID_FIELD_NUMBER: _ClassVar[int]
+    RECEIVED_AT_FIELD_NUMBER: _ClassVar[int]
+    REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    INPUTS_FIELD_NUMBER: _ClassVar[int]
+    NORMALIZE_FIELD_NUMBER: _ClassVar[int]
+    TRUNCATE_FIELD_NUMBER: _ClassVar[int]
+    id: int
+    received_at: float
+    request_id: str
+    inputs: _containers.RepeatedCompositeFieldContainer[_inference_pb2.EmbedInput]
+    normalize: bool
+    truncate: bool
+    def __init__(self, id: _Optional[int] = ..., received_at: _Optional[float] = ..., request_id: _Optional[str] = ..., inputs: _Optional[_Iterable[_Union[_inference_pb2.EmbedInput, _Mapping]]] = ..., normalize: _Optional[bool] = ..., truncate: _Optional[bool] = ...) -> None: ...
+
 class GenerateImage(_message.Message):
     __slots__ = ("id", "received_at", "request", "request_id")
     ID_FIELD_NUMBER: _ClassVar[int]
@@ -229,7 +247,7 @@ class Shutdown(_message.Message):
     def __init__(self, reason: _Optional[str] = ...) -> None: ...
 
 class Event(_message.Message):
-    __slots__ = ("id", "text", "image_progress", "image", "end", "tokenized", "detokenized")
+    __slots__ = ("id", "text", "image_progress", "image", "end", "tokenized", "detokenized", "embedded")
     ID_FIELD_NUMBER: _ClassVar[int]
     TEXT_FIELD_NUMBER: _ClassVar[int]
     IMAGE_PROGRESS_FIELD_NUMBER: _ClassVar[int]
@@ -237,6 +255,7 @@ class Event(_message.Message):
     END_FIELD_NUMBER: _ClassVar[int]
     TOKENIZED_FIELD_NUMBER: _ClassVar[int]
     DETOKENIZED_FIELD_NUMBER: _ClassVar[int]
+    EMBEDDED_FIELD_NUMBER: _ClassVar[int]
     id: int
     text: _inference_pb2.GenerateResponse
     image_progress: _inference_pb2.ImageProgress
@@ -244,7 +263,8 @@ class Event(_message.Message):
     end: Status
     tokenized: _inference_pb2.TokenizeResponse
     detokenized: _inference_pb2.DetokenizeResponse
-    def __init__(self, id: _Optional[int] = ..., text: _Optional[_Union[_inference_pb2.GenerateResponse, _Mapping]] = ..., image_progress: _Optional[_Union[_inference_pb2.ImageProgress, _Mapping]] = ..., image: _Optional[_Union[RenderedImage, _Mapping]] = ..., end: _Optional[_Union[Status, _Mapping]] = ..., tokenized: _Optional[_Union[_inference_pb2.TokenizeResponse, _Mapping]] = ..., detokenized: _Optional[_Union[_inference_pb2.DetokenizeResponse, _Mapping]] = ...) -> None: ...
+    embedded: _inference_pb2.EmbedResponse
+    def __init__(self, id: _Optional[int] = ..., text: _Optional[_Union[_inference_pb2.GenerateResponse, _Mapping]] = ..., image_progress: _Optional[_Union[_inference_pb2.ImageProgress, _Mapping]] = ..., image: _Optional[_Union[RenderedImage, _Mapping]] = ..., end: _Optional[_Union[Status, _Mapping]] = ..., tokenized: _Optional[_Union[_inference_pb2.TokenizeResponse, _Mapping]] = ..., detokenized: _Optional[_Union[_inference_pb2.DetokenizeResponse, _Mapping]] = ..., embedded: _Optional[_Union[_inference_pb2.EmbedResponse, _Mapping]] = ...) -> None: ...
 
 class RenderedImage(_message.Message):
     __slots__ = ("png", "width", "height")

@@ -1878,6 +1878,182 @@ export declare type ListModelsResponse = Message<"inference.v1.ListModelsRespons
 export declare const ListModelsResponseSchema: GenMessage<ListModelsResponse>;
 
 /**
+ * @generated from message inference.v1.EmbedRequest
+ */
+export declare type EmbedRequest = Message<"inference.v1.EmbedRequest"> & {
+  /**
+   * An embedding model (Admit with CAPABILITY_EMBED says which can embed);
+   * empty: --default-embedding-model.
+   *
+   * @generated from field: string model = 1;
+   */
+  model: string;
+
+  /**
+   * One vector per input, in this order; at least one.
+   *
+   * @generated from field: repeated inference.v1.EmbedInput inputs = 2;
+   */
+  inputs: EmbedInput[];
+
+  /**
+   * Unit length (L2), as sentence-transformers and OpenAI give them, so that
+   * a dot product is the cosine similarity. Unset: true.
+   *
+   * @generated from field: optional bool normalize = 3;
+   */
+  normalize?: boolean | undefined;
+
+  /**
+   * An input longer than the model's window is refused (INVALID_ARGUMENT,
+   * naming it) unless this is set: then its first tokens are kept.
+   *
+   * @generated from field: bool truncate = 4;
+   */
+  truncate: boolean;
+};
+
+/**
+ * Describes the message inference.v1.EmbedRequest.
+ * Use `create(EmbedRequestSchema)` to create a new message.
+ */
+export declare const EmbedRequestSchema: GenMessage<EmbedRequest>;
+
+/**
+ * @generated from message inference.v1.EmbedInput
+ */
+export declare type EmbedInput = Message<"inference.v1.EmbedInput"> & {
+  /**
+   * @generated from oneof inference.v1.EmbedInput.input
+   */
+  input: {
+    /**
+     * Tokenized by the model's tokenizer, with its special tokens added
+     * (BERT's [CLS] ... [SEP]).
+     *
+     * @generated from field: string text = 1;
+     */
+    value: string;
+    case: "text";
+  } | {
+    /**
+     * Used as they are: the caller added any special tokens.
+     *
+     * @generated from field: inference.v1.EmbedTokens tokens = 2;
+     */
+    value: EmbedTokens;
+    case: "tokens";
+  } | { case: undefined; value?: undefined };
+};
+
+/**
+ * Describes the message inference.v1.EmbedInput.
+ * Use `create(EmbedInputSchema)` to create a new message.
+ */
+export declare const EmbedInputSchema: GenMessage<EmbedInput>;
+
+/**
+ * @generated from message inference.v1.EmbedTokens
+ */
+export declare type EmbedTokens = Message<"inference.v1.EmbedTokens"> & {
+  /**
+   * @generated from field: repeated uint32 ids = 1;
+   */
+  ids: number[];
+};
+
+/**
+ * Describes the message inference.v1.EmbedTokens.
+ * Use `create(EmbedTokensSchema)` to create a new message.
+ */
+export declare const EmbedTokensSchema: GenMessage<EmbedTokens>;
+
+/**
+ * @generated from message inference.v1.EmbedResponse
+ */
+export declare type EmbedResponse = Message<"inference.v1.EmbedResponse"> & {
+  /**
+   * One per input, in the order given.
+   *
+   * @generated from field: repeated inference.v1.Embedding embeddings = 1;
+   */
+  embeddings: Embedding[];
+
+  /**
+   * @generated from field: string model = 2;
+   */
+  model: string;
+
+  /**
+   * @generated from field: uint32 dimensions = 3;
+   */
+  dimensions: number;
+
+  /**
+   * How the model's token vectors become one ("mean", "cls", "last"): the
+   * model's own setting, from its file.
+   *
+   * @generated from field: string pooling = 4;
+   */
+  pooling: string;
+
+  /**
+   * @generated from field: bool normalized = 5;
+   */
+  normalized: boolean;
+
+  /**
+   * Tokens evaluated, all inputs together.
+   *
+   * @generated from field: uint32 prompt_tokens = 6;
+   */
+  promptTokens: number;
+
+  /**
+   * From the request reaching the server to the last vector.
+   *
+   * @generated from field: double total_ms = 7;
+   */
+  totalMs: number;
+};
+
+/**
+ * Describes the message inference.v1.EmbedResponse.
+ * Use `create(EmbedResponseSchema)` to create a new message.
+ */
+export declare const EmbedResponseSchema: GenMessage<EmbedResponse>;
+
+/**
+ * @generated from message inference.v1.Embedding
+ */
+export declare type Embedding = Message<"inference.v1.Embedding"> & {
+  /**
+   * @generated from field: repeated float values = 1;
+   */
+  values: number[];
+
+  /**
+   * Tokens of this input the model read (after truncation).
+   *
+   * @generated from field: uint32 tokens = 2;
+   */
+  tokens: number;
+
+  /**
+   * Whether the input was cut to the model's window.
+   *
+   * @generated from field: bool truncated = 3;
+   */
+  truncated: boolean;
+};
+
+/**
+ * Describes the message inference.v1.Embedding.
+ * Use `create(EmbeddingSchema)` to create a new message.
+ */
+export declare const EmbeddingSchema: GenMessage<Embedding>;
+
+/**
  * What a model is asked to do.
  *
  * @generated from enum inference.v1.Capability
@@ -1897,6 +2073,11 @@ export enum Capability {
    * @generated from enum value: CAPABILITY_IMAGE = 2;
    */
   IMAGE = 2,
+
+  /**
+   * @generated from enum value: CAPABILITY_EMBED = 3;
+   */
+  EMBED = 3,
 }
 
 /**
@@ -2126,6 +2307,17 @@ export declare const Inference: GenService<{
     methodKind: "unary";
     input: typeof DeleteCachedRequestSchema;
     output: typeof DeleteCachedResponseSchema;
+  },
+  /**
+   * Embed gives one vector per input (a text, or token ids) from an embedding
+   * model, in the order given. Requests to one model are evaluated together.
+   *
+   * @generated from rpc inference.v1.Inference.Embed
+   */
+  embed: {
+    methodKind: "unary";
+    input: typeof EmbedRequestSchema;
+    output: typeof EmbedResponseSchema;
   },
 }>;
 
