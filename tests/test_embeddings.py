@@ -24,8 +24,8 @@ from clients.cli import main
 from inference.v1 import inference_pb2 as pb
 from inference.v1 import inference_pb2_grpc as pb_grpc
 from service.embeddings.backend import EmbeddingBackend
-from service.engine.embedding_queue import EmbedJob
 from service.embeddings.requests import Embedded
+from service.engine.embedding_queue import EmbedJob
 from service.engine.local import LocalEngine
 from service.engine.worker import Channel
 from service.models.embedded import MINILM_NAME, minilm_checkpoint

@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from inference.v1 import inference_pb2 as pb
+from service.embeddings.requests import Embedded, EmbedRequest
 from service.errors import Unavailable
 from service.images.requests import ImageRequest, ImageStep, RenderedImage
 from service.text.requests import GenerationRequest
@@ -82,6 +83,10 @@ class Engine(Protocol):
         self, request: ImageRequest, received_at: float
     ) -> AsyncIterator[ImageStep | RenderedImage]:
         """Progress, then the image; stopping early cancels it."""
+        ...
+
+    async def embed(self, request: EmbedRequest) -> Embedded:
+        """The vectors of one request's inputs, evaluated with other requests waiting."""
         ...
 
     async def tokenize(self, request: GenerationRequest) -> pb.TokenizeResponse:

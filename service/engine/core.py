@@ -33,9 +33,9 @@ from service.decode.scheduler import DecodeScheduler, nothing_to_publish
 from service.decode.sequence import DecodeEvent, DecodePlan, fit_max_tokens
 from service.decode.sink import EventSink
 from service.embeddings.backend import EmbeddingBackend
-from service.engine.embedding_queue import EmbedJob, EmbedQueue, EmbedSink, tokenized
 from service.embeddings.requests import EmbedRequest
 from service.engine.base import EngineInfo
+from service.engine.embedding_queue import EmbedJob, EmbedQueue, EmbedSink, tokenized
 from service.engine.options import EngineOptions
 from service.engine.worker import ModelWorker
 from service.errors import NotSupported, ServiceError, Unavailable

@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING
 
 from service.backends.base import TextBackend
 from service.backends.names import DIFFUSERS, LLAMA_CPP, MLX_LM
+from service.embeddings.backend import EmbeddingBackend
 from service.engine.model_options import ModelOptions
 from service.engine.options import EngineOptions
 from service.errors import NotSupported
@@ -16,12 +17,19 @@ if TYPE_CHECKING:
     from service.backends.llama_cpp import LlamaCppOptions
 
 
-def load_backend(options: EngineOptions) -> TextBackend | ImageBackend:
+def load_backend(options: EngineOptions) -> TextBackend | ImageBackend | EmbeddingBackend:
     """Load an admitted model with its backend; runs on the model's worker thread.
 
     Each library is imported here, on first use, so that the server starts
     without paying for libraries it may never need (torch takes seconds).
     """
+    if options.embeddings:
+        from service.backends.llama_cpp.embedder import EmbedderOptions, LlamaCppEmbedder
+
+        model = options.model
+        return LlamaCppEmbedder(
+            options.path, EmbedderOptions(model.threads, model.gpu_layers, model.main_gpu)
+        )
     if options.backend == LLAMA_CPP:
         from service.backends.llama_cpp import LlamaCppBackend
 

@@ -9,11 +9,13 @@ from collections.abc import AsyncIterator, Sequence
 from typing import TypeVar
 
 from inference.v1 import inference_pb2 as pb
+from service.embeddings.requests import Embedded, EmbedRequest
 from service.engine.base import EngineHooks, EngineInfo, MeasuredMemory
 from service.engine.core import EngineCore
 from service.engine.loading import load_backend
 from service.engine.options import EngineOptions
 from service.engine.worker import Channel, ModelWorker
+from service.errors import Unavailable
 from service.images.requests import ImageRequest, ImageStep, RenderedImage
 from service.text.requests import GenerationRequest
 
@@ -83,6 +85,13 @@ class LocalEngine:
         self.core.submit_image(request, received_at, channel)
         async for item in channel:
             yield item
+
+    async def embed(self, request: EmbedRequest) -> Embedded:
+        channel: Channel[Embedded] = Channel(asyncio.get_running_loop())
+        self.core.submit_embed(request, channel)
+        async for embedded in channel:
+            return embedded
+        raise Unavailable(f"model {self.core.options.name!r} gave no vectors")
 
     async def tokenize(self, request: GenerationRequest) -> pb.TokenizeResponse:
         channel: Channel[_Tokens] = Channel(asyncio.get_running_loop())

@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import Any, get_args
 
 from inference.engine.v1 import engine_pb2 as epb
-from service.backends.names import FlashAttention, KvLayout, SampleInGraph
+from service.backends.names import LLAMA_CPP_EMBEDDINGS, FlashAttention, KvLayout, SampleInGraph
 from service.engine.model_options import ModelOptions
 
 # Load carries each ModelOptions field under the same name.
@@ -27,6 +27,11 @@ class EngineOptions:
     default_max_tokens: int = 512
     max_decode_seconds: float | None = None
     log_level: str = "info"
+
+    @property
+    def embeddings(self) -> bool:
+        """Loaded to embed (llama.cpp's embedding mode), not to generate."""
+        return self.backend == LLAMA_CPP_EMBEDDINGS
 
     def to_pb(self) -> epb.Load:
         load = epb.Load(

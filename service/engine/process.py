@@ -35,6 +35,7 @@ from google.protobuf.message import DecodeError, Message
 
 from inference.engine.v1 import engine_pb2 as epb
 from inference.v1 import inference_pb2 as pb
+from service.embeddings.requests import Embedded, EmbedRequest
 from service.engine import wire
 from service.engine.base import EngineCrashed, EngineHooks, EngineInfo, MeasuredMemory
 from service.engine.exit_cause import OutputTail, describe_exit, oom_kill_count
@@ -211,6 +212,19 @@ class EngineProcess:
             else:
                 progress = event.image_progress
                 yield ImageStep(progress.step, progress.total_steps, progress.elapsed_ms)
+
+    async def embed(self, request: EmbedRequest) -> Embedded:
+        socket_id = next(self._ids)
+        message = wire.embed_message(
+            socket_id, request, time.monotonic(), request_id=current_request_id()
+        )
+        embedded: Embedded | None = None
+        async for event in self._exchange(socket_id, message):
+            if event.WhichOneof("event") == "embedded":
+                embedded = Embedded.from_pb(event.embedded)
+        if embedded is None:
+            raise Unavailable(f"model {self.name!r} ended the request without its vectors")
+        return embedded
 
     def memory(self) -> MeasuredMemory | None:
         gpu = _GPU_MEMORY.of(self._process.pid) if self._info.computes_off_cpu else 0

@@ -23,6 +23,7 @@ import structlog
 from inference.engine.v1 import engine_pb2 as epb
 from inference.v1 import inference_pb2 as pb
 from service import errors
+from service.embeddings.requests import EmbedRequest, inputs_from_pb
 from service.errors import INTERNAL_MESSAGE
 from service.images.requests import ImageRequest, RenderedImage
 from service.text.requests import (
@@ -236,3 +237,20 @@ def rendered_image_pb(image: RenderedImage) -> epb.RenderedImage:
 def rendered_image(message: epb.RenderedImage) -> RenderedImage:
     return RenderedImage(message.png, message.width, message.height)
 
+
+def embed_message(
+    socket_id: int, request: EmbedRequest, received_at: float, *, request_id: str
+) -> epb.ToEngine:
+    embed = epb.Embed(
+        id=socket_id,
+        received_at=received_at,
+        request_id=request_id,
+        inputs=request.to_pb(),
+        normalize=request.normalize,
+        truncate=request.truncate,
+    )
+    return epb.ToEngine(embed=embed)
+
+
+def embed_request(embed: epb.Embed, model: str) -> EmbedRequest:
+    return EmbedRequest(model, inputs_from_pb(embed.inputs), embed.normalize, embed.truncate)
