@@ -20,6 +20,7 @@ import tomllib
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Annotated, Any, Literal
+from urllib.parse import urlsplit
 
 import yaml
 from huggingface_hub import constants as hf_constants
@@ -176,6 +177,12 @@ class ServerSettings(BaseModel):
         description="Seconds an HTTP request's body may take to arrive once its headers have "
         "(it holds no slot meanwhile); past it the request is answered 408 and its "
         "connection closed.",
+    )
+    http_cors_origins: str | None = Field(
+        default=None,
+        description="Origins whose browser pages may call the HTTP API, comma-separated "
+        "(https://app.example.com, exact), or * for any; preflights answered, CORS headers "
+        "on every answer (off when unset).",
     )
     grace_period: float = Field(
         default=10.0,
@@ -572,6 +579,12 @@ class Settings(
                 ipaddress.ip_network(part.strip(), strict=False)
         return value
 
+    @field_validator("http_cors_origins")
+    @classmethod
+    def _check_origins(cls, value: str | None) -> str | None:
+        cors_origins(value)  # ValueError names an origin that is not one
+        return value
+
     @field_validator("listen", "health_listen", "http_listen")
     @classmethod
     def _check_listen(cls, value: str | None) -> str | None:
@@ -581,6 +594,23 @@ class Settings(
         if not sep or not host or not port.isdigit():
             raise ValueError(f"expected HOST:PORT, got {value!r}")
         return value
+
+
+ANY_ORIGIN = "*"
+
+
+def cors_origins(setting: str | None) -> frozenset[str]:
+    """`--http-cors-origins`: comma-separated origins (scheme://host[:port]) or `*`.
+    ValueError names one that is not an origin."""
+    origins = frozenset(part.strip() for part in (setting or "").split(",") if part.strip())
+    for origin in origins - {ANY_ORIGIN}:
+        parts = urlsplit(origin)
+        if parts.scheme not in ("http", "https") or not parts.netloc or parts.path:
+            raise ValueError(
+                f"{origin!r} is not an origin: write scheme://host[:port], such as "
+                "https://app.example.com, with no path, or * for any"
+            )
+    return origins
 
 
 def read_models_file(path: Path) -> dict[str, ModelConfig]:

@@ -8,11 +8,13 @@ calls. Everything here goes over real HTTP to the same process that serves gRPC.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import re
 import shutil
 import ssl
 import subprocess
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -85,7 +87,8 @@ def test_a_chat_completion_answers_with_usage_and_the_request_id(client: openai.
     )
     assert raw.headers["x-request-id"] == "http-chat-1"
     completion = raw.parse()
-    assert completion.id == "chatcmpl-http-chat-1"
+    assert completion.id.startswith("chatcmpl-")  # the server's own: the header has the request's
+    assert "http-chat-1" not in completion.id
     (choice,) = completion.choices
     assert choice.message.role == "assistant"
     assert choice.message.content
@@ -411,9 +414,30 @@ def test_n_choices_stream_interleaved_each_to_its_end(client: openai.OpenAI) -> 
     assert usage.completion_tokens == 2 * 8
 
 
+@contextlib.contextmanager
+def a_slot_held(running: RunningServer, model: str = SMOLLM) -> Iterator[None]:
+    """One of the gate's slots for `model`, taken as a request would and held meanwhile."""
+    loop = running._loop
+    held, release = threading.Event(), asyncio.Event()
+
+    async def hold() -> None:
+        async with running.server.gate.slot(model):
+            held.set()
+            await release.wait()
+
+    holding = asyncio.run_coroutine_threadsafe(hold(), loop)
+    assert held.wait(60)
+    try:
+        yield
+    finally:
+        loop.call_soon_threadsafe(release.set)
+        holding.result(60)
+
+
 def test_a_choice_the_gate_refuses_ends_the_request_and_frees_the_others() -> None:
-    settings = make_settings(http_listen="127.0.0.1:0", max_concurrent=1, max_queue=0)
-    with serving(settings) as (running, _):
+    # Two slots and no queue: `n: 2` fits the gate, unless a slot is taken.
+    settings = make_settings(http_listen="127.0.0.1:0", max_concurrent=2, max_queue=0)
+    with serving(settings) as (running, _), a_slot_held(running):
         alone = openai.OpenAI(base_url=base_url(running), api_key="none", max_retries=0)
         with pytest.raises(openai.RateLimitError):
             chat(alone, model=SMOLLM, messages=STORY, n=2, max_tokens=64)
@@ -426,8 +450,8 @@ def test_errors_are_the_sdk_s_own_exceptions(client: openai.OpenAI) -> None:
     with pytest.raises(openai.NotFoundError) as missing:
         chat(client, model="no-such-model", messages=QUESTION)
     assert "no-such-model" in str(missing.value)
-    with pytest.raises(openai.BadRequestError, match="`n` must be an integer from 1 to 16"):
-        chat(client, model=SMOLLM, messages=QUESTION, n=17)
+    with pytest.raises(openai.BadRequestError, match="`n` must be an integer from 1 to 128"):
+        chat(client, model=SMOLLM, messages=QUESTION, n=129)
     with pytest.raises(openai.BadRequestError, match="temperature"):
         chat(client, model=SMOLLM, messages=QUESTION, temperature=-3)
     with pytest.raises(openai.BadRequestError, match="messages"):
@@ -570,6 +594,7 @@ def test_draining_refuses_new_requests_and_lets_a_running_stream_finish() -> Non
         refused = http.post(url, json={**body, "stream": False})
         assert refused.status_code == 503
         assert "draining" in refused.json()["error"]["message"]
+        assert refused.headers["Retry-After"] == "1"  # elsewhere, through a proxy
         health = http.get(url.removesuffix("/v1/chat/completions") + "/health")
         assert (health.status_code, health.json()) == (503, {"status": "unavailable"})
         rest = list(lines)  # the stream in flight runs to its end

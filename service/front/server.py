@@ -22,12 +22,12 @@ from grpc_reflection.v1alpha import reflection
 
 from inference.v1 import inference_pb2 as pb
 from service.admission import Capability, Decision, decide
-from service.config import Settings, load_settings
+from service.config import Settings, cors_origins, load_settings
 from service.front.auth import BearerAuth
 from service.front.limits import RequestLimits
 from service.front.metrics import Metrics
 from service.front.offload import Offload
-from service.front.openai_api.app import OpenAiHttp, below_grpc
+from service.front.openai_api.app import OpenAiHttp, below_grpc, tokenizer_below_grpc
 from service.front.overload import ConcurrencyGate
 from service.front.registration import add_inference_service
 from service.front.servicer import InferenceServicer
@@ -182,6 +182,9 @@ class InferenceServer:
                 serving=self.health.serving,
                 send_stall_seconds=settings.send_stall_seconds,
                 body_seconds=settings.http_body_seconds,
+                tokenizer=tokenizer_below_grpc(servicer),
+                cors_origins=cors_origins(settings.http_cors_origins),
+                max_choices=self.gate.per_model_active + self.gate.per_model_waiting,
             )
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self._server)
         reflection.enable_server_reflection(SERVICE_NAMES, self._server)

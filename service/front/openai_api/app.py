@@ -22,6 +22,12 @@ it (no other bytes wait in the process) within `--send-stall-seconds`
 (`service.front.rpc.send_deadline`); past it the connection is dropped and the
 request cancelled. A request body must all arrive within `--http-body-seconds`,
 before the request takes a slot; else 408 and the connection closes.
+
+`POST /tokenize` and `POST /detokenize` (vLLM's and llama-server's shapes, in
+`tokens`) go to the servicer's Tokenize and Detokenize. Fields a request sends
+that change nothing are named in its `x-ignored-fields` header and summary line.
+With `--http-cors-origins`, `cors` answers browsers' preflights and marks every
+answer to an allowed origin.
 """
 
 from __future__ import annotations
@@ -50,20 +56,24 @@ from service.errors import (
     excerpt,
 )
 from service.front.openai_api.conversations import Conversations
-from service.front.openai_api.errors import described, error_body, http_status
+from service.front.openai_api.cors import Cors
+from service.front.openai_api.errors import Described, described, plain
 from service.front.openai_api.requests import (
+    MAX_CHOICES,
     Body,
-    Translate,
     chat_request,
     choice_count,
-    completion_request,
+    completion_requests,
+    ignored_fields,
     nth_choice,
     parse_body,
+    prompts,
     wants_usage_in_stream,
 )
 from service.front.openai_api.response_events import ResponseEvents, sse
-from service.front.openai_api.responses import Reply, usage_chunk_of, whole_of
+from service.front.openai_api.responses import Reply, completion_id, usage_chunk_of, whole_of
 from service.front.openai_api.responses_api import responses_request
+from service.front.openai_api.tokens import detokenize_request, tokenize_request
 from service.front.rpc import send_deadline
 from service.request_id import METADATA_KEY, request_id_from
 
@@ -79,6 +89,8 @@ ListModels = Callable[[pb.ListModelsRequest, Summary], Awaitable[pb.ListModelsRe
 Work = Callable[["_Outcome"], Awaitable[web.StreamResponse]]
 Events = AsyncIterator[pb.GenerateResponse]
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+Tokenize = Callable[[pb.TokenizeRequest, Summary], Awaitable[pb.TokenizeResponse]]
+Detokenize = Callable[[pb.DetokenizeRequest, Summary], Awaitable[pb.DetokenizeResponse]]
 
 
 def below_grpc(servicer: Any) -> tuple[GenerateEvents, ListModels]:
@@ -88,6 +100,14 @@ def below_grpc(servicer: Any) -> tuple[GenerateEvents, ListModels]:
     generate = functools.partial(kind.Generate.__wrapped__, servicer)
     list_models = functools.partial(kind.ListModels.__wrapped__, servicer)
     return generate, list_models
+
+
+def tokenizer_below_grpc(servicer: Any) -> tuple[Tokenize, Detokenize]:
+    """The servicer's Tokenize and Detokenize without their gRPC wrapper, as below_grpc."""
+    kind = type(servicer)
+    tokenize = functools.partial(kind.Tokenize.__wrapped__, servicer)
+    detokenize = functools.partial(kind.Detokenize.__wrapped__, servicer)
+    return tokenize, detokenize
 
 
 class OpenAiHttp:
@@ -102,18 +122,32 @@ class OpenAiHttp:
         serving: Callable[[], bool] = lambda: True,
         send_stall_seconds: float = 30.0,
         body_seconds: float = 30.0,
+        tokenizer: tuple[Tokenize, Detokenize] | None = None,
+        cors_origins: frozenset[str] = frozenset(),
+        max_choices: int = MAX_CHOICES,
     ) -> None:
+        """`max_choices`: how many generations one request may ask for at once (`n`
+        times its prompts), at most what the gate holds of one model's requests."""
         self._generate = generate
         self._list_models = list_models
+        self._tokenizer = tokenizer
+        self._max_choices = min(max_choices, MAX_CHOICES)
         self._auth = auth
         self._metrics = metrics
         self._serving = serving
         self._send_stall_seconds = send_stall_seconds
         self._body_seconds = body_seconds
+        cors = Cors(cors_origins)
         self._app = web.Application(
             client_max_size=max_body_bytes,
-            middlewares=[_sent_within(send_stall_seconds, metrics), _unserved_as_openai_errors],
+            middlewares=[
+                cors.preflight,
+                _sent_within(send_stall_seconds, metrics),
+                _unserved_as_openai_errors,
+            ],
         )
+        # On every response as its headers go out, streams and errors included.
+        self._app.on_response_prepare.append(cors.add_headers)
         self._app.add_routes(
             [
                 web.post("/v1/chat/completions", functools.partial(self._complete, chat=True)),
@@ -123,6 +157,8 @@ class OpenAiHttp:
                 # Hub ids hold a slash: org/name.
                 web.get("/v1/models/{model:.+}", self._model),
                 web.get("/health", self._health),
+                web.post("/tokenize", self._tokenize),
+                web.post("/detokenize", self._detokenize),
             ]
         )
         # The responses `previous_response_id` may continue, kept per server.
@@ -169,22 +205,34 @@ class OpenAiHttp:
     # --- handlers ---------------------------------------------------------------------
 
     async def _complete(self, request: web.Request, chat: bool) -> web.StreamResponse:
-        translate: Translate = chat_request if chat else completion_request
-
         async def work(outcome: _Outcome) -> web.StreamResponse:
             body = await _json_body(request, self._body_seconds)
-            generation = translate(body)
+            outcome.ignore(ignored_fields(body, chat))
+            generations = [chat_request(body)] if chat else completion_requests(body)
             count = choice_count(body)
-            replies = [
-                Reply(chat, outcome.request_id, index, hold_text=bool(generation.tools))
-                for index in range(count)
-            ]
+            self._check_choices(count * len(generations))
+            echoes = await self._echoes(body, outcome) if body.get("echo") else None
+            ident = completion_id(chat)
+            replies: list[Reply] = []
+            choices: list[Events] = []
             # Choice 0 writes the request's summary line; the others count in it below.
-            summaries = [outcome.summary] + [{} for _ in range(count - 1)]
-            choices = [
-                self._generate(nth_choice(generation, index), summaries[index])
-                for index in range(count)
-            ]
+            summaries: list[Summary] = []
+            for number, generation in enumerate(generations):
+                for nth in range(count):  # OpenAI's order: each prompt's n choices in turn
+                    index = len(replies)
+                    replies.append(
+                        Reply(
+                            chat,
+                            ident,
+                            index,
+                            hold_text=bool(generation.tools),
+                            forced=generation.HasField("tool_choice"),
+                            echo=echoes[number] if echoes else "",
+                            counts_prompt=nth == 0,
+                        )
+                    )
+                    summaries.append(outcome.summary if index == 0 else {})
+                    choices.append(self._generate(nth_choice(generation, nth), summaries[index]))
             try:
                 if body.get("stream"):
                     return await outcome.stream(replies, choices, wants_usage_in_stream(body))
@@ -212,6 +260,61 @@ class OpenAiHttp:
             return outcome.json(answer.response())
 
         return await self._outcome("Responses", request).answer(self._counted(work))
+
+    def _check_choices(self, wanted: int) -> None:
+        """Each choice is a generation with a place at the gate: more than the gate
+        ever holds of one model's requests could never all run."""
+        if wanted > self._max_choices:
+            raise InvalidRequest(
+                f"the request asks for {wanted} generations (`n` times its prompts); this "
+                f"server runs or queues at most {self._max_choices} of one model's requests "
+                "(--max-concurrent-per-model and --max-queue-per-model)",
+                param="n",
+            )
+
+    async def _echoes(self, body: Body, outcome: _Outcome) -> list[str]:
+        """With `echo`: each prompt's text, which its choices begin with (token ids are
+        detokenized)."""
+        texts = []
+        for prompt in prompts(body):
+            if isinstance(prompt, str):
+                texts.append(prompt)
+                continue
+            asked = pb.DetokenizeRequest(model=str(body.get("model", "")), token_ids=prompt)
+            texts.append((await self._tokenizer_of()[1](asked, {})).text)
+        return texts
+
+    def _tokenizer_of(self) -> tuple[Tokenize, Detokenize]:
+        if self._tokenizer is None:
+            raise Unavailable("this server was built without its tokenizer RPCs")
+        return self._tokenizer
+
+    async def _tokenize(self, request: web.Request) -> web.StreamResponse:
+        """POST /tokenize (vLLM's and llama-server's): a prompt or messages to token ids."""
+
+        async def work(outcome: _Outcome) -> web.StreamResponse:
+            body = await _json_body(request, self._body_seconds)
+            asked, ignored = tokenize_request(body)
+            outcome.ignore(ignored)
+            answer = await self._tokenizer_of()[0](asked, outcome.summary)
+            ids = list(answer.token_ids)
+            return outcome.json(
+                {"tokens": ids, "count": len(ids), "max_model_len": answer.context_length}
+            )
+
+        return await self._outcome("Tokenize", request).answer(self._counted(work))
+
+    async def _detokenize(self, request: web.Request) -> web.StreamResponse:
+        """POST /detokenize: token ids to their text."""
+
+        async def work(outcome: _Outcome) -> web.StreamResponse:
+            body = await _json_body(request, self._body_seconds)
+            asked, ignored = detokenize_request(body)
+            outcome.ignore(ignored)
+            answer = await self._tokenizer_of()[1](asked, outcome.summary)
+            return outcome.json({"prompt": answer.text})
+
+        return await self._outcome("Detokenize", request).answer(self._counted(work))
 
     async def _models(self, request: web.Request) -> web.StreamResponse:
         async def work(outcome: _Outcome) -> web.StreamResponse:
@@ -301,6 +404,9 @@ class _Outcome:
         self._stall_seconds = send_stall_seconds
         self._started = time.monotonic()
         self._stream: web.StreamResponse | None = None
+        self._headers = {METADATA_KEY: self.request_id}
+        # The field a context overflow blames: the chat's messages, else the prompt.
+        self._overflow_param = "messages" if method == "ChatCompletions" else "prompt"
         # The events that end a stream on an error: chat's `data: {"error": ...}`, or
         # those `send_events` was given.
         self._error_events: Callable[[dict[str, Any]], bytes] = _event
@@ -331,22 +437,29 @@ class _Outcome:
         self.summary.setdefault("error", "the client disconnected")  # or the stall's reason
         self._finish(grpc.StatusCode.CANCELLED)
 
+    def ignore(self, fields: list[str]) -> None:
+        """Say that the request's `fields` changed nothing: in the `x-ignored-fields`
+        header of its answer and in its summary line."""
+        if fields:
+            self._headers[IGNORED_HEADER] = ", ".join(fields)
+            self.summary["ignored_fields"] = fields
+
     async def _failed(self, exc: Exception) -> web.StreamResponse:
-        code, message = described(exc)
+        error: Described = described(exc, self._overflow_param)
         if not isinstance(exc, ServiceError):
             log.error("unhandled error", rpc=self.method, exc_info=exc)
-        self.summary["error"] = message
-        self._finish(code)
-        body = error_body(message, code)
+        self.summary["error"] = error.message
+        self._finish(error.status)
+        body = error.body()
         try:
             if self._stream is not None:  # the stream began: the error is its last event
                 await self._send(self._error_events(body))
                 with self._sending():
                     await self._stream.write_eof()
                 return self._stream
-            status = _ERROR_STATUS.get(type(exc), http_status(code))
+            status = _ERROR_STATUS.get(type(exc), error.http_status)
             response = web.json_response(
-                body, status=status, headers={METADATA_KEY: self.request_id}
+                body, status=status, headers={**self._headers, **error.headers(status)}
             )
             if isinstance(exc, BodyTooSlow):
                 return await self._closing(response)
@@ -364,7 +477,7 @@ class _Outcome:
         return response
 
     def json(self, body: dict[str, Any]) -> web.Response:
-        return web.json_response(body, headers={METADATA_KEY: self.request_id})
+        return web.json_response(body, headers=self._headers)
 
     def _sending(self) -> contextlib.AbstractContextManager[None]:
         """The send-stall bound on one send of this request's response."""
@@ -437,7 +550,7 @@ class _Outcome:
                 headers={
                     "Content-Type": "text/event-stream",
                     "Cache-Control": "no-cache",
-                    METADATA_KEY: self.request_id,
+                    **self._headers,
                 }
             )
             await stream.prepare(self._request)
@@ -503,12 +616,12 @@ async def _unserved_as_openai_errors(request: web.Request, handler: Handler) -> 
     try:
         return await handler(request)
     except (web.HTTPNotFound, web.HTTPMethodNotAllowed) as exc:
-        code = grpc.StatusCode.NOT_FOUND
         message = f"this server does not serve {request.method} {excerpt(request.path)}"
         if isinstance(exc, web.HTTPMethodNotAllowed):
             message += f"; {request.path} takes {', '.join(sorted(exc.allowed_methods))}"
         allowed = {"Allow": exc.headers["Allow"]} if "Allow" in exc.headers else None
-        return web.json_response(error_body(message, code), status=exc.status, headers=allowed)
+        body = plain(grpc.StatusCode.NOT_FOUND, message).body()
+        return web.json_response(body, status=exc.status, headers=allowed)
 
 
 def _event(chunk: dict[str, Any]) -> bytes:
@@ -516,6 +629,8 @@ def _event(chunk: dict[str, Any]) -> bytes:
 
 
 _ERROR_STATUS: dict[type[Exception], int] = {BodyTooLarge: 413, BodyTooSlow: 408}
+# Names the request's fields that changed nothing (see requests.ignored_fields).
+IGNORED_HEADER = "x-ignored-fields"
 
 
 def _drop(request: web.BaseRequest) -> None:

@@ -2,7 +2,15 @@
 
 The HTTP surface builds the same `inference.v1.GenerateRequest` a gRPC client
 sends, and the servicer validates and serves it the same way; only the shapes
-differ. What cannot be mapped is refused with InvalidRequest, naming the field.
+differ. Tolerant as OpenAI's API and vLLM are:
+
+- a null is an absent field, at every level the translation reads (not inside
+  the JSON a client hands through: a tool's `parameters`, a JSON schema, call
+  `arguments`);
+- a field the service has no use for is accepted and ignored; `ignored_fields`
+  names those a request sent, for the response header and the log;
+- what cannot be served as asked is refused with InvalidRequest or
+  NotSupported, whose `param` names the field.
 """
 
 from __future__ import annotations
@@ -17,21 +25,56 @@ from service.text.requests import MAX_JSON_DEPTH, json_depth
 
 Body = dict[str, Any]
 
-# Fields the translation does not map: read elsewhere (`stream`, `stream_options`;
-# `parallel_tool_calls` only with a forced call) or accepted and ignored.
-IGNORED = frozenset(
-    {"user", "store", "metadata", "parallel_tool_calls", "service_tier", "stream_options", "stream"}
-)
-_UINT32 = (1 << 32) - 1
-# `n`: each choice is a generation of its own, batched with the others.
-MAX_CHOICES = 16
+# The most choices one request may ask for (`n`, times the prompts of a completion):
+# each is a generation of its own, batched with the others, and takes a place at the
+# gate; the server's own bounds may allow fewer (see `OpenAiHttp`).
+MAX_CHOICES = 128
 # A tool's JSON schema sits a few levels inside the body and has a bound of its
 # own (MAX_JSON_DEPTH); nothing else a request holds nests near this.
 MAX_BODY_DEPTH = MAX_JSON_DEPTH + 8
+_UINT32 = (1 << 32) - 1
+_INT64 = 1 << 63
+# Keys whose values are the client's own JSON, passed through as they are: a null
+# there means null (`"default": null` in a schema), not an absent field.
+_OPAQUE = frozenset({"parameters", "schema", "arguments", "metadata"})
+
+# Fields read below, or elsewhere (`stream`, `stream_options`).
+_COMMON = frozenset(
+    {
+        "model", "max_tokens", "stop", "temperature", "top_p", "presence_penalty",
+        "frequency_penalty", "seed", "n", "logprobs", "logit_bias", "stream", "stream_options",
+        # llama-server's extensions, under the contract's names (an SDK's `extra_body`)
+        "top_k", "min_p", "repeat_penalty", "grammar",
+    }
+)  # fmt: skip
+_CHAT_FIELDS = _COMMON | {
+    "messages",
+    "tools",
+    "tool_choice",
+    "parallel_tool_calls",
+    "response_format",
+    "top_logprobs",
+    "max_completion_tokens",
+    "modalities",
+    "audio",
+}
+_COMPLETION_FIELDS = _COMMON | {"prompt", "echo", "suffix", "best_of"}
+# Among the fields ignored, OpenAI's that mean nothing here: no end-user ids, stored
+# completions, service tiers, reasoning, caches keyed by the client, predicted
+# outputs, web search; `functions` and `function_call` (the deprecated form of
+# `tools`) too. Named in `x-ignored-fields` like any unknown field.
+IGNORED = frozenset(
+    {
+        "user", "store", "metadata", "service_tier", "reasoning_effort", "verbosity",
+        "prompt_cache_key", "prompt_cache_retention", "safety_identifier", "prediction",
+        "web_search_options", "functions", "function_call",
+    }
+)  # fmt: skip
 
 
 def parse_body(raw: bytes) -> Body:
-    """A request body as a JSON object, or InvalidRequest saying why it is not one."""
+    """A request body as a JSON object, nulls absent, or InvalidRequest saying why it
+    is not one."""
     too_deep = InvalidRequest(f"the request body nests deeper than {MAX_BODY_DEPTH} levels")
     try:
         body = json.loads(raw)
@@ -43,18 +86,50 @@ def parse_body(raw: bytes) -> Body:
         raise InvalidRequest("the request body must be a JSON object")
     if json_depth(body) > MAX_BODY_DEPTH:
         raise too_deep
-    return body
+    return without_nulls(body)
+
+
+def without_nulls(body: Body) -> Body:
+    """`body` with every null field left out, nested objects and arrays included, but
+    not inside a client's own JSON (`_OPAQUE`). Iterative: the depth is bounded, but
+    not by the interpreter's recursion limit."""
+    root: Body = {}
+    pending: list[tuple[Any, Any]] = [(body, root)]
+    while pending:
+        source, target = pending.pop()
+        items = source.items() if isinstance(source, dict) else enumerate(source)
+        for key, value in items:
+            if value is None and isinstance(source, dict):
+                continue
+            if isinstance(value, dict | list) and not (isinstance(key, str) and key in _OPAQUE):
+                copy: Any = {} if isinstance(value, dict) else []
+                pending.append((value, copy))
+                value = copy
+            if isinstance(target, dict):
+                target[key] = value
+            else:
+                target.append(value)
+    return root
+
+
+def ignored_fields(body: Body, chat: bool) -> list[str]:
+    """The fields of `body` that change nothing, sorted: OpenAI's that the service has
+    no use for (IGNORED) and any it does not know."""
+    return sorted(set(body) - (_CHAT_FIELDS if chat else _COMPLETION_FIELDS))
 
 
 def chat_request(body: Body) -> pb.GenerateRequest:
     """POST /v1/chat/completions."""
-    _refuse_unknown(body, _CHAT_FIELDS)
+    body = without_nulls(body)
     _check_choices(body)
     _check_flags(body, "stream", "logprobs", "parallel_tool_calls")
+    _refuse_outputs_not_served(body)
     request = pb.GenerateRequest(model=_text(body, "model", default=""))
     messages = body.get("messages")
     if not isinstance(messages, list) or not messages:
-        raise InvalidRequest("`messages` must be a non-empty array of {role, content} objects")
+        raise InvalidRequest(
+            "`messages` must be a non-empty array of {role, content} objects", param="messages"
+        )
     request.messages.extend(_message(m, index) for index, m in enumerate(messages))
     if _tools_offered(body):
         request.tools.extend(_tool(t, index) for index, t in enumerate(body["tools"]))
@@ -66,40 +141,98 @@ def chat_request(body: Body) -> pb.GenerateRequest:
         if body.get("top_logprobs") is not None:
             request.top_logprobs = _int(body, "top_logprobs", 0, 20)
     elif body.get("top_logprobs"):
-        raise InvalidRequest("`top_logprobs` needs `logprobs: true`")
+        raise InvalidRequest("`top_logprobs` needs `logprobs: true`", param="top_logprobs")
     return request
 
 
 def completion_request(body: Body) -> pb.GenerateRequest:
-    """POST /v1/completions: a prompt of plain text."""
-    _refuse_unknown(body, _COMPLETION_FIELDS)
+    """POST /v1/completions, its first prompt (what a router needs of it)."""
+    return completion_requests(body)[0]
+
+
+def completion_requests(body: Body) -> list[pb.GenerateRequest]:
+    """POST /v1/completions: one request per prompt (a string or token ids), in order."""
+    body = without_nulls(body)
     _check_choices(body)
-    _check_flags(body, "stream")
-    prompt = body.get("prompt")
-    if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str):
-        prompt = prompt[0]
-    if not isinstance(prompt, str) or not prompt:
-        raise InvalidRequest(
-            "`prompt` must be one non-empty string (a batch of prompts is not served)"
+    _check_flags(body, "stream", "echo")
+    if body.get("suffix"):
+        raise NotSupported("`suffix` (fill in the middle) is not served", param="suffix")
+    if body.get("echo") and body.get("logprobs") is not None:
+        raise NotSupported(
+            "`echo` with `logprobs` is not served: it asks for the log-probabilities of the "
+            "prompt's tokens, which are not computed here; leave out one of them",
+            param="echo",
         )
-    if body.get("echo") or body.get("suffix") is not None:
-        raise NotSupported("`echo` and `suffix` are not supported")
-    request = pb.GenerateRequest(model=_text(body, "model", default=""), prompt=prompt)
-    _sampling(body, request)
-    if body.get("logprobs") is not None:
-        request.logprobs = True
-        request.top_logprobs = _int(body, "logprobs", 0, 5)
-    return request
+    requests = []
+    for prompt in prompts(body):
+        request = pb.GenerateRequest(model=_text(body, "model", default=""))
+        if isinstance(prompt, str):
+            request.prompt = prompt
+        else:
+            request.prompt_token_ids.extend(prompt)
+        _sampling(body, request)
+        if body.get("logprobs") is not None:
+            request.logprobs = True
+            request.top_logprobs = _int(body, "logprobs", 0, 5)
+        requests.append(request)
+    return requests
+
+
+Prompt = str | list[int]
+
+
+def prompts(body: Body) -> list[Prompt]:
+    """A completion's prompts: a string, token ids, or an array of either."""
+    prompt = body.get("prompt")
+    if isinstance(prompt, str | list) and _is_prompt(prompt):
+        return [prompt]
+    if isinstance(prompt, list) and prompt and all(_is_prompt(p) for p in prompt):
+        if len(prompt) > MAX_CHOICES:
+            raise InvalidRequest(
+                f"at most {MAX_CHOICES} prompts in one request, got {len(prompt)}", param="prompt"
+            )
+        return list(prompt)
+    raise InvalidRequest(
+        "`prompt` must be a non-empty string, an array of token ids, or a non-empty array "
+        "of either",
+        param="prompt",
+    )
+
+
+def _is_prompt(value: object) -> bool:
+    if isinstance(value, str):
+        return bool(value)
+    return (
+        isinstance(value, list)
+        and bool(value)
+        and all(isinstance(v, int) and not isinstance(v, bool) and 0 <= v < 1 << 31 for v in value)
+    )
 
 
 def _check_flags(body: Body, *names: str) -> None:
     """Booleans must be booleans: `"stream": "false"` is a string, and truthy."""
     for name in names:
         if body.get(name) is not None and not isinstance(body[name], bool):
-            raise InvalidRequest(f"`{name}` must be true or false")
+            raise InvalidRequest(f"`{name}` must be true or false", param=name)
     options = body.get("stream_options")
     if options is not None and not isinstance(options, dict):
-        raise InvalidRequest('`stream_options` must be an object such as {"include_usage": true}')
+        raise InvalidRequest(
+            '`stream_options` must be an object such as {"include_usage": true}',
+            param="stream_options",
+        )
+
+
+def _refuse_outputs_not_served(body: Body) -> None:
+    """Asking for audio out: this service writes text only."""
+    modalities = body.get("modalities")
+    if modalities is not None and (
+        not isinstance(modalities, list) or any(m != "text" for m in modalities)
+    ):
+        raise NotSupported(
+            'only text is generated here: `modalities` may only be ["text"]', param="modalities"
+        )
+    if body.get("audio") is not None:
+        raise NotSupported("audio output is not served", param="audio")
 
 
 def wants_usage_in_stream(body: Body) -> bool:
@@ -108,16 +241,23 @@ def wants_usage_in_stream(body: Body) -> bool:
 
 
 def _sampling(body: Body, request: pb.GenerateRequest) -> None:
-    limit = body.get("max_completion_tokens", body.get("max_tokens"))
-    if limit is not None:
-        request.max_tokens = _int({"max_tokens": limit}, "max_tokens", 1, 1 << 31)
+    for name in ("max_completion_tokens", "max_tokens"):  # the newer name first
+        if body.get(name) is not None:
+            request.max_tokens = _int(body, name, 1, 1 << 31)
+            break
     request.stop.extend(_stops(body.get("stop")))
     for name in ("temperature", "top_p", "presence_penalty", "frequency_penalty"):
         if body.get(name) is not None:
             setattr(request, name, _number(body, name))
+    if request.HasField("top_p") and request.top_p == 0:
+        # OpenAI allows 0: only the most likely token is left, which is greedy decoding.
+        request.ClearField("top_p")
+        request.temperature = 0
     if body.get("seed") is not None:
-        request.seed = _int(body, "seed", 0, _UINT32)
-    # llama-server's extensions, under the contract's names (an SDK's `extra_body`).
+        # Any int64, as OpenAI's schema has it; the samplers take 32 bits of it.
+        request.seed = _int(body, "seed", -_INT64, _INT64 - 1) & _UINT32
+    if body.get("logit_bias") is not None:
+        request.logit_bias.update(_logit_bias(body["logit_bias"]))
     for name in ("top_k",):
         if body.get(name) is not None:
             setattr(request, name, _int(body, name, 0, 1 << 20))
@@ -128,6 +268,32 @@ def _sampling(body: Body, request: pb.GenerateRequest) -> None:
         request.grammar = _text(body, "grammar", default="")
 
 
+def _logit_bias(value: object) -> dict[int, float]:
+    """OpenAI's logit_bias: token ids (as JSON keys, strings) to a bias. Its range and
+    count are the contract's to check, the ids the model's."""
+    if not isinstance(value, dict):
+        raise InvalidRequest(
+            '`logit_bias` must be an object of token ids to biases, e.g. {"1234": -100}',
+            param="logit_bias",
+        )
+    biases: dict[int, float] = {}
+    for key, bias in value.items():
+        try:
+            token = int(key)
+        except ValueError:
+            raise InvalidRequest(
+                f"`logit_bias` keys are token ids, not {excerpt(key)}", param="logit_bias"
+            ) from None
+        if not -(1 << 31) <= token < 1 << 31:
+            raise InvalidRequest(f"`logit_bias` names no token {token}", param="logit_bias")
+        if isinstance(bias, bool) or not isinstance(bias, int | float):
+            raise InvalidRequest(
+                f"`logit_bias` of token {token} must be a number", param="logit_bias"
+            )
+        biases[token] = float(bias) if abs(bias) < 1e30 else float("inf")
+    return biases
+
+
 def _stops(value: object) -> list[str]:
     if value is None:
         return []
@@ -135,22 +301,22 @@ def _stops(value: object) -> list[str]:
         return [value]
     if isinstance(value, list) and all(isinstance(v, str) for v in value):
         return list(value)
-    raise InvalidRequest("`stop` must be a string or an array of strings")
+    raise InvalidRequest("`stop` must be a string or an array of strings", param="stop")
 
 
 def _message(message: object, index: int) -> pb.ChatMessage:
     where = f"messages[{index}]"
     if not isinstance(message, dict):
-        raise InvalidRequest(f"{where} must be an object with `role` and `content`")
+        raise InvalidRequest(f"{where} must be an object with `role` and `content`", param=where)
     role = message.get("role")
     if not isinstance(role, str) or not role:
-        raise InvalidRequest(f'{where}.role must be a string such as "user"')
+        raise InvalidRequest(f'{where}.role must be a string such as "user"', param=where)
     if role == "developer":  # OpenAI's newer name for the system turn
         role = "system"
     turn = pb.ChatMessage(role=role, content=_content(message.get("content"), where))
     calls = message.get("tool_calls") or []
     if not isinstance(calls, list):
-        raise InvalidRequest(f"{where}.tool_calls must be an array of calls")
+        raise InvalidRequest(f"{where}.tool_calls must be an array of calls", param=where)
     for call_index, call in enumerate(calls):
         turn.tool_calls.append(_call(call, f"{where}.tool_calls[{call_index}]"))
     if message.get("tool_call_id") is not None:
@@ -171,17 +337,20 @@ def _content(content: object, where: str) -> str:
         for part in content:
             if not isinstance(part, dict) or part.get("type") != "text":
                 kind = part.get("type") if isinstance(part, dict) else type(part).__name__
-                raise NotSupported(f"{where}.content: only text parts are served, not {kind!r}")
+                raise NotSupported(
+                    f"{where}.content: only text parts are served, not {kind!r}", param=where
+                )
             texts.append(str(part.get("text", "")))
         return "".join(texts)
-    raise InvalidRequest(f"{where}.content must be a string or an array of text parts")
+    raise InvalidRequest(f"{where}.content must be a string or an array of text parts", param=where)
 
 
 def _call(call: object, where: str) -> pb.ToolCall:
     function = call.get("function") if isinstance(call, dict) else None
     if not isinstance(call, dict) or not isinstance(function, dict):
         raise InvalidRequest(
-            f'{where} must be {{id, type: "function", function: {{name, arguments}}}}'
+            f'{where} must be {{id, type: "function", function: {{name, arguments}}}}',
+            param=where,
         )
     arguments = function.get("arguments", "{}")
     if not isinstance(arguments, str):
@@ -197,14 +366,16 @@ def _tools_offered(body: Body) -> bool:
     if not tools:
         return False
     if not isinstance(tools, list):
-        raise InvalidRequest('`tools` must be an array of {type: "function", function: {...}}')
+        raise InvalidRequest(
+            '`tools` must be an array of {type: "function", function: {...}}', param="tools"
+        )
     return body.get("tool_choice") != "none"
 
 
 def _tool_choice(body: Body, request: pb.GenerateRequest) -> None:
     """A forced call: "required" (any tool) or {type: "function", function: {name}}."""
     choice = body.get("tool_choice", "auto")
-    if choice in ("auto", "none", None):
+    if choice in ("auto", "none"):
         return
     function = choice.get("function") if isinstance(choice, dict) else None
     if choice == "required":
@@ -214,7 +385,8 @@ def _tool_choice(body: Body, request: pb.GenerateRequest) -> None:
     else:
         raise InvalidRequest(
             '`tool_choice` must be "auto", "none", "required" or '
-            '{"type": "function", "function": {"name": ...}}'
+            '{"type": "function", "function": {"name": ...}}',
+            param="tool_choice",
         )
     # One call unless several are asked for (OpenAI's default is several): small models
     # allowed several tend to repeat calls until max_tokens.
@@ -229,7 +401,8 @@ def _tool(tool: object, index: int) -> pb.Tool:
         or not isinstance(function, dict)
     ):
         raise InvalidRequest(
-            f'tools[{index}] must be {{type: "function", function: {{name, ...}}}}'
+            f'tools[{index}] must be {{type: "function", function: {{name, ...}}}}',
+            param=f"tools[{index}]",
         )
     parameters = function.get("parameters")
     return pb.Tool(
@@ -252,14 +425,20 @@ def _response_format(value: object, request: pb.GenerateRequest) -> None:
         described = value.get("json_schema")
         schema = described.get("schema") if isinstance(described, dict) else None
         if not isinstance(schema, dict):
-            raise InvalidRequest("response_format.json_schema.schema must be a JSON Schema object")
+            raise InvalidRequest(
+                "response_format.json_schema.schema must be a JSON Schema object",
+                param="response_format",
+            )
         request.response_format.json_schema = json.dumps(schema)
         return
-    raise InvalidRequest('`response_format.type` must be "text", "json_object" or "json_schema"')
+    raise InvalidRequest(
+        '`response_format.type` must be "text", "json_object" or "json_schema"',
+        param="response_format",
+    )
 
 
 def choice_count(body: Body) -> int:
-    """`n`: how many completions of the prompt to generate (1 when unset)."""
+    """`n`: how many completions of each prompt to generate (1 when unset)."""
     if body.get("n") is None:
         return 1
     return _int(body, "n", 1, MAX_CHOICES)
@@ -279,56 +458,33 @@ def nth_choice(request: pb.GenerateRequest, index: int) -> pb.GenerateRequest:
 def _check_choices(body: Body) -> None:
     choice_count(body)
     if body.get("best_of", 1) != 1:
-        raise NotSupported("only `best_of: 1` is served")
-
-
-def _refuse_unknown(body: object, known: frozenset[str]) -> None:
-    if not isinstance(body, dict):
-        raise InvalidRequest("the request body must be a JSON object")
-    unknown = sorted(set(body) - known - IGNORED)
-    if unknown:
-        raise NotSupported(f"unsupported field(s): {', '.join(unknown)}")
+        raise NotSupported("only `best_of: 1` is served", param="best_of")
 
 
 def _text(body: Body, name: str, default: str) -> str:
     value = body.get(name, default)
     if not isinstance(value, str):
-        raise InvalidRequest(f"`{name}` must be a string")
+        raise InvalidRequest(f"`{name}` must be a string", param=name)
     return value
 
 
 def _number(body: Body, name: str) -> float:
     value = body[name]
     if isinstance(value, bool) or not isinstance(value, int | float):
-        raise InvalidRequest(f"`{name}` must be a number")
+        raise InvalidRequest(f"`{name}` must be a number", param=name)
     try:
         return float(value)
     except OverflowError:  # an integer past any float: out of every range served
-        raise InvalidRequest(f"`{name}` is out of range: {excerpt(str(value), 40)}") from None
+        raise InvalidRequest(
+            f"`{name}` is out of range: {excerpt(str(value), 40)}", param=name
+        ) from None
 
 
 def _int(body: Body, name: str, low: int, high: int) -> int:
     value = body[name]
     if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
-        raise InvalidRequest(f"`{name}` must be an integer from {low} to {high}")
+        raise InvalidRequest(f"`{name}` must be an integer from {low} to {high}", param=name)
     return value
 
-
-_COMMON = frozenset(
-    {
-        "model", "max_tokens", "stop", "temperature", "top_p", "presence_penalty",
-        "frequency_penalty", "seed", "n", "logprobs", "best_of",
-        "top_k", "min_p", "repeat_penalty", "grammar",
-    }
-)  # fmt: skip
-_CHAT_FIELDS = _COMMON | {
-    "messages",
-    "tools",
-    "tool_choice",
-    "response_format",
-    "top_logprobs",
-    "max_completion_tokens",
-}
-_COMPLETION_FIELDS = _COMMON | {"prompt", "echo", "suffix"}
 
 Translate = Callable[[Body], pb.GenerateRequest]

@@ -2,13 +2,21 @@
 
 `Reply` follows one generation's events and writes either the chunks of a
 streamed answer (`chunks`) or, at the end, the whole answer (`whole`), for
-chat completions or text completions alike. With `n` above 1 each choice has a
-Reply of its own (its `index`), and `whole_of`/`usage_of` join them.
+chat completions or text completions alike. With `n` above 1, or several
+prompts, each choice has a Reply of its own (its `index`), and
+`whole_of`/`usage_of` join them.
+
+A chat message and a chat logprobs object carry `refusal: null`, as OpenAI's
+schema requires the key (a model here never refuses apart from its text). A
+forced tool call cut off by max_tokens ends with finish_reason "length", the
+calls completed before the cut, and no text: the half-written call's markup
+is not the model's answer to a person.
 """
 
 from __future__ import annotations
 
 import time
+import uuid
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -26,33 +34,45 @@ FINISH_REASONS = {
 }
 
 
+def completion_id(chat: bool) -> str:
+    """A new id for one request's completion, shared by its choices and its chunks."""
+    return ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex
+
+
 @dataclass
 class Reply:
     """One generation, as `chat.completion` or `text_completion` objects."""
 
     chat: bool
-    request_id: str
-    index: int = 0  # which of the request's `n` choices
+    id: str  # the completion's (completion_id), the same for every choice
+    index: int = 0  # which of the request's choices
     # With tools, streamed text goes out only where it cannot belong to a call block
     # (which only the finished parse takes out): see tool_text.
     hold_text: bool = False
+    # A call was forced: the text is nothing but calls, never content.
+    forced: bool = False
+    # Completions with `echo`: the prompt's text, which the choice's text begins with.
+    echo: str = ""
+    # Whether this choice's prompt tokens count in `usage` (the first choice of its
+    # prompt: `n` choices of one prompt read it once).
+    counts_prompt: bool = True
     model: str = ""
     created: int = field(default_factory=lambda: int(time.time()))
     text: list[str] = field(default_factory=list)
     logprobs: list[pb.TokenLogprob] = field(default_factory=list)
     finished: pb.GenerationFinished | None = None
     _gate: ToolTextGate = field(default_factory=ToolTextGate)
-
-    @property
-    def id(self) -> str:
-        return ("chatcmpl-" if self.chat else "cmpl-") + self.request_id
+    _chars: int = 0  # of the text so far
+    _delta_at: int = 0  # where the last delta's text begins in it
 
     def chunks(self, response: pb.GenerateResponse) -> list[Json]:
         """What one event adds to a streamed answer (maybe nothing)."""
         kind = response.WhichOneof("event")
         if kind == "started":
             self.model = response.started.model
-            return [self._chunk({"role": "assistant", "content": ""})] if self.chat else []
+            if self.chat:
+                return [self._chunk({"role": "assistant", "content": ""})]
+            return [self._chunk(self.echo)] if self.echo else []
         if kind == "delta":
             self.take(response)
             if self.hold_text and self.chat:
@@ -74,6 +94,7 @@ class Reply:
         elif kind == "delta":
             self.text.append(response.delta.text)
             self.logprobs.extend(response.delta.logprobs)
+            self._delta_at, self._chars = self._chars, self._chars + len(response.delta.text)
         elif kind == "finished":
             self.finished = response.finished
 
@@ -87,11 +108,12 @@ class Reply:
             "index": self.index,
             "finish_reason": FINISH_REASONS.get(finished.finish_reason, "stop"),
         }
-        choice["logprobs"] = self._logprobs(self.logprobs) if self.logprobs else None
+        choice["logprobs"] = self._logprobs(self.logprobs, 0) if self.logprobs else None
         if self.chat:
-            choice["message"] = {"role": "assistant", **self._message_parts(finished)}
+            parts = self._message_parts(finished)
+            choice["message"] = {"role": "assistant", **parts, "refusal": None}
         else:
-            choice["text"] = "".join(self.text)
+            choice["text"] = self.echo + "".join(self.text)
         return choice
 
     def usage(self) -> Json:
@@ -120,6 +142,11 @@ class Reply:
         return chunks
 
     def _message_parts(self, finished: pb.GenerationFinished) -> Json:
+        if self.forced and not finished.tool_calls:
+            return {"content": None}  # a call cut off before its end (see the docstring)
+        if self.forced:
+            # Only complete calls: what the parse kept as text is a call cut off.
+            finished = _without_content(finished)
         if not finished.tool_calls:
             return {"content": "".join(self.text)}
         calls = [
@@ -146,7 +173,7 @@ class Reply:
             choice["delta"] = delta
         else:
             choice["text"] = delta
-        choice["logprobs"] = self._logprobs(list(logprobs)) if logprobs else None
+        choice["logprobs"] = self._logprobs(list(logprobs), self._delta_at) if logprobs else None
         return {**self._envelope(chunk=True), "choices": [choice]}
 
     def _envelope(self, chunk: bool = False) -> Json:
@@ -155,15 +182,23 @@ class Reply:
             kind += ".chunk"
         return {"id": self.id, "object": kind, "created": self.created, "model": self.model}
 
-    def _logprobs(self, entries: list[pb.TokenLogprob]) -> Json:
+    def _logprobs(self, entries: list[pb.TokenLogprob], start: int) -> Json:
+        """The logprobs object of `entries`, whose text begins at `start` of the
+        generated text (a completion's `text_offset` counts the echoed prompt too)."""
         if self.chat:
-            return {"content": [_chat_logprob(entry) for entry in entries]}
+            return {"content": [_chat_logprob(entry) for entry in entries], "refusal": None}
+        tokens = [_text(entry.token) for entry in entries]
+        offsets, at = [], len(self.echo) + start
+        for token in tokens:
+            offsets.append(at)
+            at += len(token)
         return {
-            "tokens": [_text(entry.token) for entry in entries],
+            "tokens": tokens,
             "token_logprobs": [entry.logprob for entry in entries],
             "top_logprobs": [
                 {_text(top.token): top.logprob for top in entry.top_logprobs} for entry in entries
             ],
+            "text_offset": offsets,
         }
 
     def _finished(self) -> pb.GenerationFinished:
@@ -184,12 +219,25 @@ def usage_chunk_of(replies: list[Reply]) -> Json:
 
 
 def usage_of(replies: list[Reply]) -> Json:
-    """As OpenAI counts `n` choices: the prompt once, every choice's completion."""
+    """As OpenAI counts `n` choices: each prompt once, every choice's completion."""
     usage = replies[0].usage()
+    counted = [reply.usage() for reply in replies if reply.counts_prompt]
+    usage["prompt_tokens"] = sum(each["prompt_tokens"] for each in counted)
+    details = usage["prompt_tokens_details"]
+    details["cached_tokens"] = sum(
+        each["prompt_tokens_details"]["cached_tokens"] for each in counted
+    )
     completion = sum(reply.usage()["completion_tokens"] for reply in replies)
     usage["completion_tokens"] = completion
     usage["total_tokens"] = usage["prompt_tokens"] + completion
     return usage
+
+
+def _without_content(finished: pb.GenerationFinished) -> pb.GenerationFinished:
+    kept = pb.GenerationFinished()
+    kept.CopyFrom(finished)
+    kept.content = ""
+    return kept
 
 
 def _chat_logprob(entry: pb.TokenLogprob) -> Json:
