@@ -27,7 +27,12 @@ from service.front.auth import BearerAuth
 from service.front.limits import RequestLimits
 from service.front.metrics import Metrics
 from service.front.offload import Offload
-from service.front.openai_api.app import OpenAiHttp, below_grpc, tokenizer_below_grpc
+from service.front.openai_api.app import (
+    OpenAiHttp,
+    below_grpc,
+    embed_below_grpc,
+    tokenizer_below_grpc,
+)
 from service.front.overload import ConcurrencyGate
 from service.front.registration import add_inference_service
 from service.front.servicer import InferenceServicer
@@ -183,6 +188,7 @@ class InferenceServer:
                 send_stall_seconds=settings.send_stall_seconds,
                 body_seconds=settings.http_body_seconds,
                 tokenizer=tokenizer_below_grpc(servicer),
+                embed=embed_below_grpc(servicer),
                 cors_origins=cors_origins(settings.http_cors_origins),
                 max_choices=self.gate.per_model_active + self.gate.per_model_waiting,
             )

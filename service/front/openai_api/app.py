@@ -57,6 +57,13 @@ from service.errors import (
 )
 from service.front.openai_api.conversations import Conversations
 from service.front.openai_api.cors import Cors
+from service.front.openai_api.embeddings import (
+    check_dimensions,
+    embed_request,
+    embeddings_body,
+    encoding,
+)
+from service.front.openai_api.embeddings import ignored as ignored_embedding_fields
 from service.front.openai_api.errors import Described, described, plain
 from service.front.openai_api.requests import (
     MAX_CHOICES,
@@ -91,6 +98,7 @@ Events = AsyncIterator[pb.GenerateResponse]
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 Tokenize = Callable[[pb.TokenizeRequest, Summary], Awaitable[pb.TokenizeResponse]]
 Detokenize = Callable[[pb.DetokenizeRequest, Summary], Awaitable[pb.DetokenizeResponse]]
+Embed = Callable[[pb.EmbedRequest, Summary], Awaitable[pb.EmbedResponse]]
 
 
 def below_grpc(servicer: Any) -> tuple[GenerateEvents, ListModels]:
@@ -100,6 +108,11 @@ def below_grpc(servicer: Any) -> tuple[GenerateEvents, ListModels]:
     generate = functools.partial(kind.Generate.__wrapped__, servicer)
     list_models = functools.partial(kind.ListModels.__wrapped__, servicer)
     return generate, list_models
+
+
+def embed_below_grpc(servicer: Any) -> Embed:
+    """The servicer's Embed without its gRPC wrapper, as below_grpc."""
+    return functools.partial(type(servicer).Embed.__wrapped__, servicer)
 
 
 def tokenizer_below_grpc(servicer: Any) -> tuple[Tokenize, Detokenize]:
@@ -125,12 +138,14 @@ class OpenAiHttp:
         tokenizer: tuple[Tokenize, Detokenize] | None = None,
         cors_origins: frozenset[str] = frozenset(),
         max_choices: int = MAX_CHOICES,
+        embed: Embed | None = None,
     ) -> None:
         """`max_choices`: how many generations one request may ask for at once (`n`
         times its prompts), at most what the gate holds of one model's requests."""
         self._generate = generate
         self._list_models = list_models
         self._tokenizer = tokenizer
+        self._embed = embed
         self._max_choices = min(max_choices, MAX_CHOICES)
         self._auth = auth
         self._metrics = metrics
@@ -153,6 +168,7 @@ class OpenAiHttp:
                 web.post("/v1/chat/completions", functools.partial(self._complete, chat=True)),
                 web.post("/v1/completions", functools.partial(self._complete, chat=False)),
                 web.post("/v1/responses", self._respond),
+                web.post("/v1/embeddings", self._embeddings),
                 web.get("/v1/models", self._models),
                 # Hub ids hold a slash: org/name.
                 web.get("/v1/models/{model:.+}", self._model),
@@ -315,6 +331,21 @@ class OpenAiHttp:
             return outcome.json({"prompt": answer.text})
 
         return await self._outcome("Detokenize", request).answer(self._counted(work))
+
+    async def _embeddings(self, request: web.Request) -> web.StreamResponse:
+        """POST /v1/embeddings: the Embed RPC in OpenAI's shapes (see embeddings.py)."""
+
+        async def work(outcome: _Outcome) -> web.StreamResponse:
+            body = await _json_body(request, self._body_seconds)
+            asked, encoding_format = embed_request(body), encoding(body)
+            outcome.ignore(ignored_embedding_fields(body))
+            if self._embed is None:
+                raise Unavailable("this server was built without its Embed RPC")
+            answer = await self._embed(asked, outcome.summary)
+            check_dimensions(body, answer.dimensions)
+            return outcome.json(embeddings_body(answer, encoding_format))
+
+        return await self._outcome("Embeddings", request).answer(self._counted(work))
 
     async def _models(self, request: web.Request) -> web.StreamResponse:
         async def work(outcome: _Outcome) -> web.StreamResponse:
