@@ -55,3 +55,14 @@ def test_node_sees_grpc_status_codes(server: RunningServer) -> None:
     done = run_cli(server, "generate", "--model", "no-such-model", "hi")
     assert done.returncode == 2
     assert "NotFound" in done.stderr
+
+
+def test_node_embeds_texts(server: RunningServer) -> None:
+    done = run_cli(server, "embed", "A man is eating food.", "A man is eating bread.")
+    assert done.returncode == 0, done.stderr
+    lines = [json.loads(line) for line in done.stdout.strip().splitlines()]
+    assert [line["text"] for line in lines] == ["A man is eating food.", "A man is eating bread."]
+    first, second = (line["embedding"] for line in lines)
+    assert len(first) == len(second) == 384
+    assert sum(a * b for a, b in zip(first, second, strict=True)) > 0.6  # unit vectors, close
+    assert "2 vectors of 384 (mean pooling)" in done.stderr
