@@ -99,6 +99,7 @@ bench:
 	$(BIN)/python -m bench.generate
 	$(BIN)/python -m bench.http
 	$(BIN)/python -m bench.image
+	$(BIN)/python -m bench.embeddings $(if $(LLAMA_SERVER),--llama-server $(LLAMA_SERVER))
 	$(BIN)/python -m bench.cluster
 	$(BIN)/python -m bench.pull
 
