@@ -260,9 +260,13 @@ def test_what_cannot_be_continued_or_served_is_a_400_saying_why(client: openai.O
         respond(client, model=SMOLLM, input="Hi", background=True)
     with pytest.raises(openai.NotFoundError):
         respond(client, model="no-such-model", input="Hi")
+    with pytest.raises(openai.BadRequestError) as overflow:  # past the 1,024-token context
+        respond(client, model=SMOLLM, input="word " * 3000)
+    assert overflow.value.code == "context_length_exceeded"
+    assert overflow.value.param == "input"
 
 
-def test_nulls_and_fields_it_does_not_know_are_ignored(base_url: str) -> None:
+def test_nulls_and_fields_it_does_not_know_are_ignored_and_named(base_url: str) -> None:
     body = {
         "model": SMOLLM,
         "input": "Hi",
@@ -277,6 +281,7 @@ def test_nulls_and_fields_it_does_not_know_are_ignored(base_url: str) -> None:
     reply = httpx.post(base_url + "/responses", json=body, timeout=120)
     assert reply.status_code == 200, reply.text
     assert reply.json()["usage"]["output_tokens"] == 2
+    assert reply.headers["x-ignored-fields"] == "reasoning, some_future_field, truncation"
 
 
 def server_sent(reply: httpx.Response) -> list[dict[str, Any]]:

@@ -266,6 +266,7 @@ class OpenAiHttp:
         async def work(outcome: _Outcome) -> web.StreamResponse:
             body = await _json_body(request, self._body_seconds)
             asked = responses_request(body, self._conversations)
+            outcome.ignore(asked.ignored)
             answer = ResponseEvents(asked, self._conversations)
             events = self._generate(asked.generation, outcome.summary)
             if asked.stream:
@@ -436,8 +437,8 @@ class _Outcome:
         self._started = time.monotonic()
         self._stream: web.StreamResponse | None = None
         self._headers = {METADATA_KEY: self.request_id}
-        # The field a context overflow blames: the chat's messages, else the prompt.
-        self._overflow_param = "messages" if method == "ChatCompletions" else "prompt"
+        # The field a context overflow blames (_OVERFLOW_PARAMS).
+        self._overflow_param = _OVERFLOW_PARAMS.get(method, "prompt")
         # The events that end a stream on an error: chat's `data: {"error": ...}`, or
         # those `send_events` was given.
         self._error_events: Callable[[dict[str, Any]], bytes] = _event
@@ -660,6 +661,8 @@ def _event(chunk: dict[str, Any]) -> bytes:
 
 
 _ERROR_STATUS: dict[type[Exception], int] = {BodyTooLarge: 413, BodyTooSlow: 408}
+# The field a context overflow blames, by method: a completion's is its `prompt`.
+_OVERFLOW_PARAMS = {"ChatCompletions": "messages", "Responses": "input"}
 # Names the request's fields that changed nothing (see requests.ignored_fields).
 IGNORED_HEADER = "x-ignored-fields"
 

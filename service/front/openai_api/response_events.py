@@ -47,7 +47,12 @@ class ResponseEvents:
         self._request = request
         self._conversations = conversations
         generation = request.generation
-        self._reply = Reply(True, self.id, hold_text=bool(generation.tools))
+        self._reply = Reply(
+            True,
+            self.id,
+            hold_text=bool(generation.tools),
+            forced=generation.HasField("tool_choice"),
+        )
         self._created = int(time.time())
         self._completed: int | None = None
         self._sequence = 0
