@@ -95,7 +95,7 @@ def test_chat_messages_use_the_model_template(stub: pb_grpc.InferenceStub) -> No
     events = collect(stub.Generate(request))
     assert finished_of(events).finish_reason == pb.FINISH_REASON_END_OF_TURN
     # The same conversation through llama-cpp-python's own chat handler.
-    raw = Llama(str(EMBEDDED_MODELS[SMOLLM].locate()), n_ctx=256, n_threads=2, verbose=False)
+    raw = Llama(str(EMBEDDED_MODELS[SMOLLM].locate()), n_ctx=256, n_threads=1, verbose=False)
     try:
         expected: Any = raw.create_chat_completion(
             messages=[{"role": "user", "content": question}], max_tokens=48, temperature=0.0

@@ -51,7 +51,7 @@ SETTINGS = {
 @pytest.fixture(scope="module")
 def backend() -> Iterator[LlamaCppBackend]:
     path = EMBEDDED_MODELS[SMOLLM].locate()
-    options = LlamaCppOptions(context_size=512, threads=2, max_sequences=2, cached_sequences=0)
+    options = LlamaCppOptions(context_size=512, threads=1, max_sequences=2, cached_sequences=0)
     loaded = LlamaCppBackend(path, options)
     yield loaded
     loaded.close()

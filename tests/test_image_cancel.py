@@ -119,7 +119,7 @@ def test_an_image_cancelled_while_queued_ends_at_once_behind_a_long_one(models: 
         name="tiny-sd",
         backend="diffusers",
         path=models / "tiny-sd",
-        model=ModelOptions(context_size=0, threads=2),
+        model=ModelOptions(context_size=0, threads=1),
     )
     worker = ModelWorker(options.name)
     backend = cast(DiffusersBackend, worker.run(lambda: load_backend(options)))

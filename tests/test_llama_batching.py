@@ -76,7 +76,7 @@ def test_the_context_parameters_we_set_exist() -> None:
 @pytest.fixture(scope="module")
 def backend() -> Iterator[LlamaCppBackend]:
     path = EMBEDDED_MODELS[SMOLLM].locate()
-    options = LlamaCppOptions(context_size=512, threads=2, max_sequences=3, cached_sequences=1)
+    options = LlamaCppOptions(context_size=512, threads=1, max_sequences=3, cached_sequences=1)
     loaded = LlamaCppBackend(path, options)
     yield loaded
     loaded.close()
@@ -113,7 +113,7 @@ def test_a_step_holds_512_tokens_on_the_cpu_and_1024_on_a_gpu_unless_configured(
     by having the backend believe its layers compute on a GPU: llama.cpp's context
     gets the size it was asked for."""
     path = EMBEDDED_MODELS[SMOLLM].locate()
-    options = LlamaCppOptions(context_size=1024, threads=2, max_sequences=1, cached_sequences=0)
+    options = LlamaCppOptions(context_size=1024, threads=1, max_sequences=1, cached_sequences=0)
 
     def step_sizes(opts: LlamaCppOptions) -> tuple[int, int, int, int]:
         loaded = LlamaCppBackend(path, opts)
@@ -208,7 +208,7 @@ def generate_ids(
 
 def test_a_parked_conversation_continues_from_host_memory(backend: LlamaCppBackend) -> None:
     path = EMBEDDED_MODELS[SMOLLM].locate()
-    options = LlamaCppOptions(context_size=512, threads=2, max_sequences=1, cached_sequences=3)
+    options = LlamaCppOptions(context_size=512, threads=1, max_sequences=1, cached_sequences=3)
     parking = LlamaCppBackend(path, options)
     try:
         first = tuple(parking.tokenize("The three primary colours are", add_bos=parking.adds_bos))
@@ -227,7 +227,7 @@ def test_a_parked_conversation_continues_from_host_memory(backend: LlamaCppBacke
 def per_sequence_backend() -> LlamaCppBackend:
     path = EMBEDDED_MODELS[SMOLLM].locate()
     options = LlamaCppOptions(
-        context_size=256, threads=2, max_sequences=3, cached_sequences=2, kv_layout="per-sequence"
+        context_size=256, threads=1, max_sequences=3, cached_sequences=2, kv_layout="per-sequence"
     )
     return LlamaCppBackend(path, options)
 
@@ -250,7 +250,7 @@ def test_a_unified_pool_exceeds_the_trained_window_while_each_sequence_stays_wit
     path = EMBEDDED_MODELS[SMOLLM].locate()
     trained = 8192  # SmolLM2-135M's n_ctx_train
     options = LlamaCppOptions(
-        context_size=trained + 4096, threads=2, max_sequences=1, cached_sequences=1
+        context_size=trained + 4096, threads=1, max_sequences=1, cached_sequences=1
     )
     with captured_native_log() as said:
         pooled = LlamaCppBackend(path, options)

@@ -27,7 +27,7 @@ YES_OR_NO = Grammar('root ::= ("yes" | "no") (" " ("yes" | "no"))*')
 @pytest.fixture(scope="module")
 def backend() -> Iterator[LlamaCppBackend]:
     path = EMBEDDED_MODELS[SMOLLM].locate()
-    options = LlamaCppOptions(context_size=1024, threads=2, max_sequences=4, cached_sequences=0)
+    options = LlamaCppOptions(context_size=1024, threads=1, max_sequences=4, cached_sequences=0)
     loaded = LlamaCppBackend(path, options)
     yield loaded
     loaded.close()

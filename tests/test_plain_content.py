@@ -47,7 +47,7 @@ REAL = [
 @pytest.fixture(scope="module")
 def llama() -> Iterator[LlamaCppBackend]:
     path = EMBEDDED_MODELS[SMOLLM].locate()
-    options = LlamaCppOptions(context_size=512, threads=2, max_sequences=1, cached_sequences=0)
+    options = LlamaCppOptions(context_size=512, threads=1, max_sequences=1, cached_sequences=0)
     backend = LlamaCppBackend(path, options)
     yield backend
     backend.close()
