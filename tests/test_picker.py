@@ -380,7 +380,7 @@ def test_a_completions_body_gives_its_prompt() -> None:
         b'{"messages": [{"role": "user", "content": "cut sho',  # past the buffer limit
         b"\xff\xfe",
         b'["a list"]',
-        json_body(messages=CONVERSATION, n=17),  # the replica refuses it wherever it goes
+        json_body(messages=CONVERSATION, n=129),  # the replica refuses it wherever it goes
         json_body(messages=[]),
         b'{"messages": ' + b"[" * 100_000 + b"]" * 100_000 + b"}",  # nested without end
         b'{"messages": [{"role": "user", "content": "hi"}], "top_p": 1' + b"0" * 400 + b"}",
