@@ -127,7 +127,8 @@ def test_a_chat_completion_and_a_streamed_one_come_through_envoy(
     chunks = list(raw.parse())
     streamed = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
     # Not compared with `text`: the replica now has the prompt cached, and greedy text
-    # from a cached prefix may part from a fresh one at a near-tie (README).
+    # from a cached prefix may part from a fresh one at a near-tie (docs/api.md, "What a
+    # seed guarantees").
     assert streamed
     assert chunks[-1].usage is not None
     assert 0 < chunks[-1].usage.completion_tokens <= 12

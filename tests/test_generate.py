@@ -77,8 +77,8 @@ def test_stop_sequence_ends_generation_and_is_not_sent(stub: pb_grpc.InferenceSt
     assert finished.finish_reason == pb.FINISH_REASON_STOP_SEQUENCE
     assert finished.stop_sequence == "aris"
     # Not compared with `full` itself: the second request reuses the first's cached
-    # prompt, and greedy text may then part from it at a near-tie (README, "What a
-    # seed guarantees"); on a shared server earlier tests' cache entries make that so.
+    # prompt, and greedy text may then part from it at a near-tie (docs/api.md, "What
+    # a seed guarantees"); on a shared server earlier tests' cache entries make that so.
     text = text_of(events)
     assert "aris" not in text
     assert text.endswith("P")

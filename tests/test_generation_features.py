@@ -146,7 +146,7 @@ def test_a_seeded_text_next_to_another_stream_starts_the_same(
     beside = token_ids(collect(stub.Generate(request)))
     list(neighbour)
     # Its own random draws: the same tokens until, at worst, a near-tie decided by
-    # last-bit differences (README: what a seed guarantees).
+    # last-bit differences (docs/api.md: what a seed guarantees).
     assert beside[:4] == alone[:4]
 
 

@@ -55,7 +55,8 @@ def running() -> Iterator[RunningServer]:
     source = str(EMBEDDED_MODELS[SMOLLM].locate())
     models = {"hermes": ModelConfig(source=source, chat_template=QWEN25_TEMPLATE)}
     # No prompt cache: the tests compare answers to one prompt, and greedy text from a
-    # cached prefix may part from a fresh one at a near-tie (README).
+    # cached prefix may part from a fresh one at a near-tie (docs/api.md, "What a seed
+    # guarantees").
     settings = make_settings(models=models, http_listen="127.0.0.1:0", cached_sequences=0)
     with serving(settings) as (server, _):
         yield server
