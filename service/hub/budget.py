@@ -13,7 +13,7 @@ Admit reads at most:
 
 and at most CONCURRENT_READS Admits read hub metadata at once. In memory, a
 read holds the parsed listing, a few blocks of the file being read and the
-vocabulary's hashes (8 bytes a token): see README "Admission" for the bound.
+vocabulary's hashes (8 bytes a token): docs/hub.md, "What an Admit may cost", states the bound.
 """
 
 from __future__ import annotations

@@ -337,7 +337,7 @@ def _tool(tool: object, where: str) -> Json:
         "name": tool["name"],
         "description": description if isinstance(description, str) else None,
         "parameters": tool.get("parameters"),
-        "strict": tool.get("strict") is not False,  # echoed; see the README
+        "strict": tool.get("strict") is not False,  # echoed; docs/http.md, "Responses API"
     }
 
 

@@ -1814,7 +1814,7 @@ export declare const ModelInfoSchema: GenMessage<ModelInfo>;
 
 /**
  * How busy the server is: what a load balancer in front of many replicas
- * (the endpoint picker, docs in the README) ranks them by.
+ * (the endpoint picker, docs/cluster.md) ranks them by.
  *
  * @generated from message inference.v1.ServerLoad
  */
