@@ -4,18 +4,25 @@
         --replica 10.0.0.5:50051 --replica 10.0.0.6:50051 --picker 127.0.0.1:50070
 
 or, in Kubernetes, `--replicas-dns inference-replicas:50051` (a headless
-Service: Envoy resolves it to one endpoint per pod).
+Service: Envoy resolves it to one endpoint per pod; a short name resolves in the
+pod's own namespace, through the search domains of its resolv.conf).
 
 With `--http-listen HOST:PORT` Envoy also serves the replicas' OpenAI-compatible
 HTTP there, through the same picker: name each replica's HTTP port too, as
 `--replica 10.0.0.5:50051=8080` (or `--replicas-dns NAME:50051=8080`), and give
 the picker the same replica arguments.
+
+For a pod: `--access-log` writes one JSON line per request to stdout,
+`--stats-listen HOST:PORT` serves Envoy's Prometheus statistics there (the admin
+interface's /stats/prometheus alone), and `--replica-token-env NAME` sends the
+replicas `authorization: Bearer $NAME`, read from Envoy's environment.
 """
 
 from __future__ import annotations
 
 import argparse
 import ipaddress
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -29,6 +36,7 @@ TEMPLATE = Path(__file__).with_name("envoy.yaml.j2")
 ROUTED_METHODS = ("Generate", "GenerateImage", "Admit")
 # The OpenAI-compatible HTTP paths the picker places, and the method each names to it.
 HTTP_ROUTES = (("/v1/chat/completions", "ChatCompletions"), ("/v1/completions", "Completions"))
+ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 
 
 @dataclass(frozen=True)
@@ -80,10 +88,19 @@ class EnvoyLayout:
     picker_timeout_ms: int = 200
     stream_idle_timeout: int = 900
     http: HttpLayout | None = None  # None: gRPC only
+    access_log: bool = False  # one JSON line per request on stdout
+    stats: Address | None = None  # None: Envoy's statistics on the admin address alone
+    # An environment variable of Envoy's holding the replicas' --auth-token: sent to
+    # them as `authorization: Bearer ...` in place of whatever the client sent.
+    replica_token_env: str | None = None
 
     def __post_init__(self) -> None:
         if self.http is not None and len(self.http.ports) != len(self.replicas.addresses):
             raise ValueError("an HTTP listener needs every replica's HTTP port")
+        if self.stats is not None and not (self.admin.is_ip and self.admin.port):
+            raise ValueError("a stats listener needs the admin address as IP:PORT, port not 0")
+        if self.replica_token_env is not None and not ENV_NAME.fullmatch(self.replica_token_env):
+            raise ValueError(f"not an environment variable's name: {self.replica_token_env!r}")
 
 
 def render(layout: EnvoyLayout) -> str:
@@ -106,6 +123,9 @@ def render(layout: EnvoyLayout) -> str:
         picker_timeout_ms=layout.picker_timeout_ms,
         stream_idle_timeout=layout.stream_idle_timeout,
         routed_methods=ROUTED_METHODS,
+        log_requests=layout.access_log,
+        stats=layout.stats,
+        replica_token_env=layout.replica_token_env,
         http=http
         and {
             "listen": http.listen,
@@ -149,6 +169,23 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--admin", default="127.0.0.1:9901", help="Envoy's admin HOST:PORT.")
     parser.add_argument("--retries", type=int, default=2, help="Retries of a refused request.")
+    parser.add_argument(
+        "--access-log", action="store_true", help="Log each request to stdout, one JSON line."
+    )
+    parser.add_argument(
+        "--stats-listen",
+        default=None,
+        metavar="HOST:PORT",
+        help="Serve Envoy's Prometheus statistics at /stats/prometheus on HOST:PORT (only "
+        "that path of the admin interface; default: none).",
+    )
+    parser.add_argument(
+        "--replica-token-env",
+        default=None,
+        metavar="NAME",
+        help="Send the replicas `authorization: Bearer $NAME`, NAME read from Envoy's "
+        "environment when it starts, in place of any the client sent (their --auth-token).",
+    )
     return parser
 
 
@@ -173,6 +210,9 @@ def layout_from_args(argv: Sequence[str] | None = None) -> EnvoyLayout:
         admin=Address.parse(args.admin),
         retries=args.retries,
         http=http,
+        access_log=args.access_log,
+        stats=Address.parse(args.stats_listen) if args.stats_listen else None,
+        replica_token_env=args.replica_token_env,
     )
 
 
