@@ -206,3 +206,32 @@ def test_with_no_replica_up_the_picker_names_none_and_counts_it() -> None:
     assert samples[("inference_picker_replicas_up", ())] == 0
     assert samples[("inference_picker_replicas", ())] == 1
     assert samples[("inference_picker_prompt_chars_total", ())] == 0
+
+
+def test_the_health_listener_answers_health_alone_on_its_own_port() -> None:
+    """--health-listen: what a kubelet's grpc probe asks while --listen is on loopback."""
+
+    async def scenario() -> tuple[int, int, str, grpc.StatusCode]:
+        argv = ["--listen", "127.0.0.1:0", "--health-listen", "127.0.0.1:0"]
+        argv += ["--poll-interval", "3600", "--grace-period", "0", "--replica", closed_port()]
+        async with (
+            running_picker(load_picker_settings(argv)) as running,
+            grpc.aio.insecure_channel(f"127.0.0.1:{running.health_port}") as channel,
+        ):
+            assert running.health_port is not None
+            answer = await health_pb2_grpc.HealthStub(channel).Check(
+                health_pb2.HealthCheckRequest(), timeout=5
+            )
+            call = ext_grpc.ExternalProcessorStub(channel).Process(iter([]), timeout=5)
+            try:
+                _ = [message async for message in call]
+                refused = grpc.StatusCode.OK
+            except grpc.aio.AioRpcError as exc:
+                refused = exc.code()
+            status = health_pb2.HealthCheckResponse.ServingStatus.Name(answer.status)
+            return running.port, running.health_port, status, refused
+
+    port, health_port, status, refused = asyncio.run(scenario())
+    assert health_port != port
+    assert status == "SERVING"
+    assert refused == grpc.StatusCode.UNIMPLEMENTED, "ext_proc stays on --listen"

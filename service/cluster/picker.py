@@ -21,7 +21,8 @@ replicas it names are their HTTP ports (`--replica HOST:PORT=HTTP_PORT`).
 
 Between two polls of the replicas' load, the requests it sent each count too.
 With --metrics-listen it serves Prometheus metrics (`metrics`): its decisions by
-reason, their time, the replicas up, the polls' time.
+reason, their time, the replicas up, the polls' time. With --health-listen it also
+serves grpc.health.v1 alone there (for a kubelet's probe; --listen stays on loopback).
 
     inference-picker --replica 10.0.0.5:50051 --replica 10.0.0.6:50051
 """
@@ -364,6 +365,7 @@ def _empty_answer(kind: str) -> Message:
 class RunningPicker:
     port: int  # ext_proc and health
     metrics_port: int | None  # None: no --metrics-listen
+    health_port: int | None  # None: no --health-listen
     monitor: ReplicaMonitor
     metrics: PickerMetrics
 
@@ -406,7 +408,20 @@ async def running_picker(settings: PickerSettings) -> AsyncIterator[RunningPicke
     port = server.add_insecure_port(settings.listen)
     if port == 0:
         raise SystemExit(f"cannot listen on {settings.listen}")
+    # Health alone, sharing the main port's statuses, on the same event loop: it
+    # answers only while the loop that routes does.
+    health_server = None
+    health_port = None
+    if settings.health_listen:
+        health_server = grpc.aio.server()
+        health_pb2_grpc.add_HealthServicer_to_server(health_servicer, health_server)
+        health_port = health_server.add_insecure_port(settings.health_listen)
+        if health_port == 0:
+            raise SystemExit(f"cannot listen on {settings.health_listen}")
     await server.start()
+    if health_server is not None:
+        await health_server.start()
+        log.info("health", address=settings.health_listen, port=health_port)
     polling = asyncio.create_task(monitor.run())
     try:
         metrics_port = None
@@ -418,10 +433,12 @@ async def running_picker(settings: PickerSettings) -> AsyncIterator[RunningPicke
         log.info(
             "picking", address=f"{host}:{port}", replicas=settings.replica or settings.replicas_dns
         )
-        yield RunningPicker(port, metrics_port, monitor, metrics)
+        yield RunningPicker(port, metrics_port, health_port, monitor, metrics)
         await health_servicer.enter_graceful_shutdown()
     finally:
         await server.stop(settings.grace_period)
+        if health_server is not None:
+            await health_server.stop(None)
         polling.cancel()
         await asyncio.gather(polling, return_exceptions=True)
         metrics.stop()

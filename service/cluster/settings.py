@@ -65,6 +65,11 @@ class PickerSettings(BaseSettings):
         default=None,
         description="Serve Prometheus metrics over HTTP on HOST:PORT at /metrics (off when unset).",
     )
+    health_listen: str | None = Field(
+        default=None,
+        description="Also serve only grpc.health.v1 on HOST:PORT, for probes that cannot reach "
+        "--listen (a kubelet's, when it is on loopback); off when unset.",
+    )
     log_format: LogFormat = Field(default="auto", description="JSON or console log lines.")
     log_level: LogLevel = Field(default="info", description="The least severe level written.")
 
