@@ -38,7 +38,7 @@ import functools
 import json
 import ssl
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable
 from typing import TYPE_CHECKING, Any
 
 import grpc
@@ -91,10 +91,10 @@ if TYPE_CHECKING:
 log = structlog.get_logger("http")
 
 Summary = dict[str, Any]
-GenerateEvents = Callable[[pb.GenerateRequest, Summary], AsyncIterator[pb.GenerateResponse]]
+GenerateEvents = Callable[[pb.GenerateRequest, Summary], AsyncGenerator[pb.GenerateResponse, None]]
 ListModels = Callable[[pb.ListModelsRequest, Summary], Awaitable[pb.ListModelsResponse]]
 Work = Callable[["_Outcome"], Awaitable[web.StreamResponse]]
-Events = AsyncIterator[pb.GenerateResponse]
+Events = AsyncGenerator[pb.GenerateResponse, None]
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 Tokenize = Callable[[pb.TokenizeRequest, Summary], Awaitable[pb.TokenizeResponse]]
 Detokenize = Callable[[pb.DetokenizeRequest, Summary], Awaitable[pb.DetokenizeResponse]]
@@ -256,6 +256,7 @@ class OpenAiHttp:
                 return outcome.json(whole_of(replies))
             finally:
                 _summarize_choices(summaries)
+                await _closed(choices)
 
         name = "ChatCompletions" if chat else "Completions"
         return await self._outcome(name, request).answer(self._counted(work))
@@ -269,12 +270,15 @@ class OpenAiHttp:
             outcome.ignore(asked.ignored)
             answer = ResponseEvents(asked, self._conversations)
             events = self._generate(asked.generation, outcome.summary)
-            if asked.stream:
-                frames = (sse(e) async for event in events for e in answer.events(event))
-                return await outcome.send_events(frames, answer.failed)
-            async for event in events:
-                answer.events(event)
-            return outcome.json(answer.response())
+            try:
+                if asked.stream:
+                    frames = (sse(e) async for event in events for e in answer.events(event))
+                    return await outcome.send_events(frames, answer.failed)
+                async for event in events:
+                    answer.events(event)
+                return outcome.json(answer.response())
+            finally:
+                await _closed([events])
 
         return await self._outcome("Responses", request).answer(self._counted(work))
 
@@ -623,6 +627,14 @@ async def _each_event(
                 group.create_task(follow(index, events))
     except ExceptionGroup as failed:
         raise failed.exceptions[0] from None
+
+
+async def _closed(choices: list[Events]) -> None:
+    """Close each generation now. One left open when its reader is cancelled (a client
+    gone, a stalled send given up) keeps its slot until the garbage collector finds it,
+    which an exception's reference cycle can put off for minutes."""
+    for events in choices:
+        await events.aclose()
 
 
 async def _take(reply: Reply, event: pb.GenerateResponse) -> None:
