@@ -362,9 +362,9 @@ def test_health_answers_probes_without_a_token_and_unserved_paths_are_json() -> 
         root = base_url(running).removesuffix("/v1")
         health = httpx.get(root + "/health")
         assert (health.status_code, health.json()) == (200, {"status": "ok"})
-        unknown = httpx.post(root + "/v1/embeddings", json={})
+        unknown = httpx.post(root + "/v1/audio/speech", json={})
         assert unknown.status_code == 404
-        assert "does not serve POST '/v1/embeddings'" in unknown.json()["error"]["message"]
+        assert "does not serve POST '/v1/audio/speech'" in unknown.json()["error"]["message"]
         wrong_method = httpx.get(root + "/v1/chat/completions")
         assert wrong_method.status_code == 405
         assert wrong_method.headers["Allow"] == "POST"
