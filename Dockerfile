@@ -28,7 +28,10 @@ RUN if ! ldconfig -p | grep -q 'libgomp.so.1 '; then \
  && echo 'inference:x:10001:' >> /etc/group \
  && mkdir -p /home/inference && chown 10001:10001 /home/inference
 COPY --from=build /opt/inference /opt/inference
+# all-MiniLM-L6-v2 as GGUF, converted by scripts/image/build.sh, found whatever HOME is.
+COPY build/image/models /opt/inference/models
 ENV PATH=/opt/inference/bin:$PATH \
+    INFERENCE_EMBEDDED_MODELS_DIR=/opt/inference/models \
     HOME=/home/inference \
     PYTHONDONTWRITEBYTECODE=1 \
     PYTHONUNBUFFERED=1

