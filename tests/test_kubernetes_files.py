@@ -1096,3 +1096,112 @@ def test_the_pinned_digest_overlay_runs_every_container_by_digest() -> None:
     for deployment in ("inference-server", "inference-envoy"):
         for entry in pod_spec(built, deployment)["containers"]:
             assert re.fullmatch(r"[^@:]+(:\d+)?/[^@:]+@sha256:[0-9a-f]{64}", entry["image"])
+
+
+# --- the short name, resolved as in a pod -----------------------------------------------
+
+# A DNS server for the test's own network namespace: one A record, NXDOMAIN for
+# every other name, each question logged.
+_DNS_SERVER = """
+import socket, struct, sys
+NAME, ADDRESS = sys.argv[1], sys.argv[2]
+server = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+server.bind(("127.0.0.1", 53))
+log = open(sys.argv[3], "a", buffering=1)
+while True:
+    query, peer = server.recvfrom(512)
+    end, labels = 12, []
+    while query[end]:
+        labels.append(query[end + 1 : end + 1 + query[end]].decode())
+        end += query[end] + 1
+    (qtype,) = struct.unpack(">H", query[end + 1 : end + 3])
+    name = ".".join(labels).lower()
+    log.write(f"{name} {qtype}\\n")
+    answer = b""
+    if name == NAME and qtype == 1:
+        answer = b"\\xc0\\x0c" + struct.pack(">HHIH", 1, 1, 5, 4) + socket.inet_aton(ADDRESS)
+    flags = 0x8180 if name == NAME else 0x8183
+    header = query[:2] + struct.pack(">HHHHH", flags, 1, 1 if answer else 0, 0, 0)
+    server.sendto(header + query[12 : end + 5] + answer, peer)
+"""
+
+_IN_THE_POD = """
+set -e
+ip link set lo up
+mount --bind "$1/resolv.conf" /etc/resolv.conf
+mount --bind "$1/hosts" /etc/hosts
+"$PYTHON" "$1/dns.py" "$NAME" "$ADDRESS" "$1/questions" &
+sleep 0.5
+"$PYTHON" -c "import asyncio, sys
+from service.cluster.replicas import resolve
+print('picker', *asyncio.run(resolve(sys.argv[1])))" "$REPLICAS"
+"$ENVOY" -c "$1/envoy.yaml" --disable-hot-restart --log-level error &
+for _ in $(seq 100); do
+    found=$("$PYTHON" -c "import urllib.request
+print(urllib.request.urlopen('http://$ADMIN/clusters').read().decode())" 2>/dev/null \\
+        | grep -m1 '^replicas::[0-9]' || true)
+    [ -n "$found" ] && break
+    sleep 0.1
+done
+echo "envoy $found"
+kill %1 %2
+"""
+
+
+def _can_unshare() -> bool:
+    if os.geteuid() != 0 or shutil.which("unshare") is None or shutil.which("ip") is None:
+        return False
+    trial = subprocess.run(["unshare", "-n", "-m", "true"], capture_output=True, timeout=10)
+    return trial.returncode == 0
+
+
+@pytest.mark.skipif(not _can_unshare(), reason="needs root, unshare and ip (a network namespace)")
+def test_the_picker_and_envoy_resolve_the_short_name_in_the_pods_namespace(
+    objects, picker_settings, envoy_args, tmp_path
+) -> None:
+    """In a network namespace of its own, with a resolv.conf as the kubelet writes one
+    for a pod in team-ml (and the pod's ndots) and a DNS server that knows only
+    inference-replicas.team-ml.svc.cluster.local: the picker's resolver (getaddrinfo)
+    and Envoy's (c-ares), given the manifests' short name, both find that address."""
+    spec = pod_spec(objects, "inference-envoy")
+    options = [f"{o['name']}:{o['value']}" for o in spec["dnsConfig"]["options"]]
+    (tmp_path / "resolv.conf").write_text(
+        "nameserver 127.0.0.1\n"
+        "search team-ml.svc.cluster.local svc.cluster.local cluster.local\n"
+        f"options {' '.join(options)}\n"
+    )
+    (tmp_path / "hosts").write_text("127.0.0.1 localhost\n")
+    (tmp_path / "dns.py").write_text(_DNS_SERVER)
+    (tmp_path / "pod.sh").write_text(_IN_THE_POD)
+    (replicas,) = picker_settings.replicas_dns
+    address, _ = parse_replica(replicas)
+    admin = "127.0.0.1:19901"
+    args = list(envoy_args)
+    for flag, value in (("--listen", "127.0.0.1:0"), ("--http-listen", "127.0.0.1:0")):
+        args[args.index(flag) + 1] = value
+    args[args.index("--admin") + 1] = admin
+    stats = args.index("--stats-listen")
+    args[stats + 1] = "127.0.0.1:0"
+    (tmp_path / "envoy.yaml").write_text(render(layout_from_args(args)))
+    fqdn = f"{host_of(address)}.team-ml.svc.cluster.local"
+    environment = os.environ | {
+        "PYTHON": sys.executable,
+        "ENVOY": str(ENVOY),
+        "NAME": fqdn,
+        "ADDRESS": "127.0.0.7",
+        "ADMIN": admin,
+        "REPLICAS": address,
+    }
+    result = subprocess.run(
+        ["unshare", "-n", "-m", "bash", str(tmp_path / "pod.sh"), str(tmp_path)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=ROOT,
+        env=environment,
+    )
+    assert result.returncode == 0, result.stderr[-2000:]
+    lines = dict(line.split(" ", 1) for line in result.stdout.splitlines() if " " in line)
+    assert lines["picker"] == f"127.0.0.7:{port_of(address)}"
+    assert lines["envoy"].startswith(f"replicas::127.0.0.7:{port_of(address)}::"), result.stdout
+    assert f"{fqdn} 1" in (tmp_path / "questions").read_text()
