@@ -18,10 +18,8 @@ from __future__ import annotations
 
 import importlib.util
 import sys
-import tempfile
 from collections.abc import Mapping
 from functools import cache, lru_cache
-from pathlib import Path
 from typing import Any
 
 from service.admission.describe import ModelDescription
@@ -29,8 +27,35 @@ from service.admission.ggml_types import type_problem
 from service.admission.quantization import QuantScheme
 from service.backends.names import DIFFUSERS, LLAMA_CPP, MLX_LM
 from service.errors import excerpt
+from service.scratch import memory_path
 
 __all__ = ["DIFFUSERS", "LLAMA_CPP", "MLX_LM"]
+
+
+# --- optional libraries -----------------------------------------------------------------
+
+# The modules each extra of the package (pyproject.toml) brings, as imported. The text
+# image and a plain `pip install inference-service` have none of them: a model that needs
+# one is refused at admission, naming the extra, rather than failing when it is loaded.
+EXTRA_MODULES = {
+    "images": ("torch", "diffusers", "transformers"),
+    "mlx": ("mlx", "mlx_lm"),
+}
+
+
+def missing_extra(extra: str) -> str | None:
+    """What to install, when a module of `extra` is missing; None when all are there."""
+    absent = [name for name in EXTRA_MODULES[extra] if not _importable(name)]
+    if not absent:
+        return None
+    return f"this build has no {', '.join(absent)}: install inference-service[{extra}]"
+
+
+def _importable(name: str) -> bool:
+    try:
+        return importlib.util.find_spec(name) is not None
+    except (ImportError, ValueError):  # a parent that fails, or a half-removed module
+        return False
 
 
 # --- llama.cpp --------------------------------------------------------------------------
@@ -76,8 +101,8 @@ def llama_cpp_knows_architecture(architecture: str) -> bool:
 
     from service.backends.llama_cpp.log import captured_native_log
 
-    with tempfile.TemporaryDirectory(prefix="arch-probe-") as directory:
-        probe = Path(directory) / "probe.gguf"
+    # In memory: a server with a read-only root and no writable /tmp admits models too.
+    with memory_path("arch-probe.gguf") as probe:
         writer = gguf.GGUFWriter(probe, architecture)
         writer.write_header_to_file()
         writer.write_kv_data_to_file()
@@ -107,8 +132,9 @@ def mlx_lm_refusal(description: ModelDescription) -> str | None:
         )
     if quantization.scheme in (QuantScheme.GGUF_K_QUANT, QuantScheme.GGUF_BLOCK):
         return "GGUF layouts are served by llama.cpp, not mlx-lm"
-    if importlib.util.find_spec("mlx_lm") is None:
-        return "safetensors checkpoints are served by mlx-lm, which this build does not include"
+    missing = missing_extra("mlx")
+    if missing:
+        return f"safetensors checkpoints are served by mlx-lm: {missing}"
     if not description.architecture:
         return "config.json names no model_type"
     module = mlx_lm_model_module(description.config)
@@ -147,8 +173,9 @@ def mlx_lm_model_module(config: Mapping[str, Any]) -> str | None:
 def diffusers_refusal(description: ModelDescription) -> str | None:
     if description.defect:
         return description.defect
-    if importlib.util.find_spec("diffusers") is None:
-        return "diffusers pipelines need the diffusers package, which this build does not include"
+    missing = missing_extra("images")
+    if missing:
+        return f"diffusers pipelines run on torch and diffusers: {missing}"
     if not description.architecture:
         return "model_index.json names no pipeline _class_name"
     if not diffusers_has_pipeline(description.architecture):

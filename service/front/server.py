@@ -50,6 +50,7 @@ from service.models.catalog import Catalog
 from service.models.engine_starter import engine_starter
 from service.models.pool import ModelPool, PoolLimits
 from service.models.sources import SourceResolver
+from service.scratch import check_temporary_directory
 from service.serving.health import BoundedHealthServicer
 from service.serving.images import ImageGenerator
 from service.serving.pulls import Pulls
@@ -316,6 +317,14 @@ async def serve(settings: Settings) -> None:
 def main(argv: Sequence[str] | None = None) -> None:
     settings = load_settings(argv)
     configure_logging(settings)
+    # A TMPDIR that cannot be used exits here; none at all is said, and text serves.
+    no_temporary_directory = check_temporary_directory()
+    if no_temporary_directory is not None:
+        log.warning(
+            "serving text and embeddings without a temporary directory; the external "
+            "image command needs one",
+            problem=no_temporary_directory,
+        )
     asyncio.run(serve(settings))
 
 

@@ -26,12 +26,13 @@ import signal
 import subprocess
 import tempfile
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
 from service.errors import BackendFailure, NotSupported, TimedOut
 from service.images.requests import ImageRequest, ImageStep, RenderedImage
+from service.scratch import temporary_directory_problem
 
 BACKEND_NAME = "mflux"
 PROBE_TIMEOUT = 60.0
@@ -141,6 +142,21 @@ def command_line(
     return argv
 
 
+@contextlib.contextmanager
+def _working_folder() -> Iterator[str]:
+    """A folder of the request's own in the temporary directory; FAILED_PRECONDITION
+    naming the folders tried and the fix where there is none to write in."""
+    try:
+        folder = tempfile.mkdtemp(prefix="inference-image-")
+    except OSError as exc:
+        problem = temporary_directory_problem() or (exc.strerror or str(exc))
+        raise NotSupported(f"the external image command needs a working folder: {problem}") from exc
+    try:
+        yield folder
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
+
+
 async def run_external(
     command: ImageCommand,
     route: ExternalRoute,
@@ -154,7 +170,7 @@ async def run_external(
     """
     if started is None:
         started = time.monotonic()
-    with tempfile.TemporaryDirectory(prefix="inference-image-") as workdir:
+    with _working_folder() as workdir:
         output = Path(workdir) / "image.png"
         argv = command_line(command, route, request, output)
         try:

@@ -18,7 +18,6 @@ import ctypes
 import importlib.util
 import os
 import sys
-import tempfile
 import threading
 from collections.abc import Iterator
 from contextlib import AbstractContextManager, contextmanager
@@ -26,6 +25,8 @@ from typing import TypeVar
 
 import llama_cpp
 import structlog
+
+from service.scratch import memory_file
 
 # ggml_log_level in ggml.h.
 GGML_LOG_DEBUG, GGML_LOG_WARN, GGML_LOG_ERROR = 1, 3, 4
@@ -80,12 +81,12 @@ def captured_parser_output() -> Iterator[list[str]]:
     """What llama.cpp's grammar parser prints to file descriptor 2 inside the block.
 
     The grammar it repeats could be 64 KiB of a client's text in the middle of
-    JSON logs, so the descriptor points at a file for the few microseconds of a
-    parse, under a lock; what other threads wrote meanwhile (all that precedes
-    the parser's marker) is written back.
+    JSON logs, so the descriptor points at a file in memory (no temporary directory
+    needed) for the few microseconds of a parse, under a lock; what other threads
+    wrote meanwhile (all that precedes the parser's marker) is written back.
     """
     printed: list[str] = []
-    with _stderr_lock, tempfile.TemporaryFile() as sink:
+    with _stderr_lock, memory_file("parser-output") as sink:
         sys.stderr.flush()
         saved = os.dup(2)
         os.dup2(sink.fileno(), 2)
