@@ -4,10 +4,16 @@ why, and what to do, and nothing fails as INTERNAL or as a silent wait.
 - The temporary directory: serving text and embeddings needs none (a read-only root
   with no writable /tmp serves); a TMPDIR that cannot be used stops the server at
   start, saying so; the external image command, which needs a folder, says why not.
+- The hub cache: a Pull (or a --pull-on-demand Generate) that could not write it is
+  FAILED_PRECONDITION naming the cache and the fix, before the hub is asked anything:
+  a read-only file system (a read-only root, where the cache is under HOME), a folder
+  this server's user may not write, a file where a folder should be.
 """
 
 from __future__ import annotations
 
+import asyncio
+import errno
 import os
 import shutil
 import subprocess
@@ -16,6 +22,8 @@ import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
 
 import grpc
 import pytest
@@ -23,11 +31,18 @@ import pytest
 from inference.v1 import inference_pb2 as pb
 from inference.v1 import inference_pb2_grpc as pb_grpc
 from service import scratch
+from service.admission import Capability
 from service.admission.gates import llama_cpp_knows_architecture
 from service.backends.llama_cpp.log import captured_parser_output
 from service.errors import NotSupported
+from service.hub import disk
+from service.hub.disk import cache_failure, unwritable_cache
 from service.images import external
-from tests.conftest import finished_of
+from service.model_source import HubReference, ModelSource
+from service.serving import pulls
+from service.serving.pulls import Pulls
+from tests.conftest import finished_of, make_settings, serving
+from tests.fake_hub import FakeHub, FakeRepo
 from tests.server_process import server_process, wait_until_serving
 
 # --- the temporary directory ------------------------------------------------------------
@@ -152,3 +167,152 @@ def test_a_server_without_a_writable_tmp_serves_text(
         # A grammar: the parser's output is captured in memory.
         request = pb.GenerateRequest(prompt="Yes or no?", max_tokens=2, grammar='root ::= "yes"')
         assert finished_of(list(stub.Generate(request)))
+
+
+# --- the hub cache ----------------------------------------------------------------------
+
+
+def test_a_cache_that_can_be_written_has_nothing_against_it(tmp_path: Path) -> None:
+    assert unwritable_cache(tmp_path / "not-yet" / "hub", "pulling") is None
+
+
+def test_a_cache_on_a_read_only_file_system_is_named_with_the_fix(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    monkeypatch.setattr(os, "statvfs", lambda path: SimpleNamespace(f_flag=os.ST_RDONLY))
+    cache = tmp_path / "home" / ".cache" / "huggingface" / "hub"  # to be made
+    failure = unwritable_cache(cache, "pulling 'acme/x'")
+    assert failure is not None
+    assert failure.code == grpc.StatusCode.FAILED_PRECONDITION
+    assert failure.message.startswith(f"pulling 'acme/x': the hub cache {cache} is not writable")
+    assert "read-only file system" in failure.message
+    assert "mount a writable volume there, or point --hf-cache-dir (or HF_HUB_CACHE)" in (
+        failure.message
+    )
+
+
+def test_a_cache_this_user_may_not_write_is_named_with_the_fix(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    monkeypatch.setattr(os, "access", lambda path, mode: False)  # as if another user's
+    failure = unwritable_cache(tmp_path / "hub", "pulling")
+    assert failure is not None
+    assert failure.code == grpc.StatusCode.FAILED_PRECONDITION
+    assert f"uid {os.getuid()}" in failure.message
+    assert f"may not write {tmp_path}" in failure.message
+    assert "fsGroup" in failure.message
+
+
+def test_a_cache_under_a_file_is_named_not_retried(tmp_path: Path) -> None:
+    """Before, a cache under a file was ABORTED: "disappeared while the pull was writing
+    it; retry the pull", which no retry fixes."""
+    (tmp_path / "home").write_text("")
+    cache = tmp_path / "home" / ".cache" / "hub"
+    blob = cache / "models--acme--x" / "blobs" / "abc.incomplete"
+    error = OSError(errno.ENOTDIR, os.strerror(errno.ENOTDIR), str(blob))
+    failure = cache_failure(error, cache, "pulling")
+    assert failure is not None
+    assert failure.code == grpc.StatusCode.FAILED_PRECONDITION
+    assert f"{tmp_path / 'home'} is a file, not a folder" in failure.message
+    # A repo folder deleted under a pull, in a sound cache, is still a retry.
+    sound = tmp_path / "sound"
+    vanished = cache_failure(OSError(errno.ENOENT, "gone", str(sound / "x")), sound, "p")
+    assert vanished is not None
+    assert vanished.code == grpc.StatusCode.ABORTED
+
+
+class _NoHub:
+    """A pool whose catalog resolves a hub model not on disk, and whose admission,
+    which would ask the hub, must not be reached."""
+
+    def __init__(self) -> None:
+        source = ModelSource("gguf", None, hub=HubReference("acme/x"))
+        spec = SimpleNamespace(locate=lambda: source)
+        self.catalog = SimpleNamespace(resolve=lambda name: spec)
+
+    async def admission(self, *args: Any, **kwargs: Any) -> Any:
+        raise AssertionError("the hub was asked about a pull that cannot be written")
+
+
+def test_a_pull_into_a_cache_it_cannot_write_asks_the_hub_nothing(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    monkeypatch.setattr(os, "statvfs", lambda path: SimpleNamespace(f_flag=os.ST_RDONLY))
+    cache = tmp_path / "hub"
+    flow = Pulls(_NoHub(), object(), "", on_demand=True, cache_dir=cache)  # type: ignore[arg-type]
+
+    async def pull() -> None:
+        async for _ in flow.transfer("acme/x", Capability.TEXT):
+            pass
+
+    async def generate() -> None:
+        async for _ in flow.before_generate("acme/x"):
+            pass
+
+    for attempt in (pull, generate):
+        with pytest.raises(NotSupported) as refused:
+            asyncio.run(attempt())
+        assert f"the hub cache {cache} is not writable" in refused.value.message
+
+
+def test_deleting_from_a_read_only_cache_says_so(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """Before, the OSError of the deletion was INTERNAL."""
+
+    def read_only(cache_dir: Path, hub: HubReference) -> tuple[list[str], int]:
+        raise OSError(errno.EROFS, os.strerror(errno.EROFS), str(cache_dir / "models--acme--x"))
+
+    monkeypatch.setattr(pulls, "delete_cached", read_only)
+    monkeypatch.setattr(pulls, "snapshot_folder", lambda cache_dir, hub: None)
+    monkeypatch.setattr(disk, "mount_point", lambda path: "/")
+    flow = Pulls(_NoHub(), None, "", cache_dir=tmp_path, may_delete=True)  # type: ignore[arg-type]
+    with pytest.raises(NotSupported) as refused:
+        asyncio.run(flow.delete("acme/x"))
+    assert refused.value.message.startswith(f"deleting 'acme/x': the hub cache {tmp_path}")
+    assert "read-only file system" in refused.value.message
+
+
+@pytest.fixture
+def read_only_home(tmp_path: Path) -> Iterator[Path]:
+    """A HOME on a read-only file system, as in a container with a read-only root."""
+    home = tmp_path / "home"
+    home.mkdir()
+    mounted = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", "ro,size=64m", "tmpfs", str(home)], capture_output=True
+    )
+    if mounted.returncode != 0:
+        pytest.skip(f"a read-only tmpfs cannot be mounted here: {mounted.stderr!r}")
+    try:
+        yield home
+    finally:
+        subprocess.run(["umount", str(home)], check=True)
+
+
+def test_pulling_under_a_read_only_home_is_failed_precondition_naming_the_fix(
+    read_only_home: Path, tiny_model: Path
+) -> None:
+    hub = FakeHub(repos={"acme/tiny": FakeRepo({"tiny.gguf": tiny_model.read_bytes()})}).start()
+    cache = read_only_home / ".cache" / "huggingface" / "hub"
+    settings = make_settings(
+        hf_cache_dir=cache,
+        hf_offline=False,
+        hf_endpoint=hub.url,
+        hf_token=None,
+        allow_pull=True,
+        pull_on_demand=True,
+    )
+    try:
+        with serving(settings) as (_, stub):
+            with pytest.raises(grpc.RpcError) as pulled:
+                list(stub.Pull(pb.PullRequest(model="acme/tiny")))
+            request = pb.GenerateRequest(model="acme/tiny", prompt="Hi", max_tokens=1)
+            with pytest.raises(grpc.RpcError) as generated:
+                list(stub.Generate(request))
+    finally:
+        hub.stop()
+    for error in (pulled.value, generated.value):
+        assert error.code() == grpc.StatusCode.FAILED_PRECONDITION
+        assert f"the hub cache {cache} is not writable" in str(error.details())
+        assert "mount a writable volume there" in str(error.details())
+    assert not hub.sent  # refused before a byte of the model was read

@@ -65,22 +65,55 @@ def cache_failure(exc: OSError, cache_dir: Path | str, what: str) -> ServiceErro
     if exc.errno in NO_ROOM:
         return disk_full(cache_dir, what)
     if exc.errno == errno.EROFS:
-        return NotSupported(
-            f"{what}: the hub cache ({os.path.realpath(cache_dir)}) is on a read-only file "
-            f"system (mounted at {mount_point(cache_dir)}); point --hf-cache-dir (or "
-            "HF_HUB_CACHE) at a writable folder, e.g. a volume"
-        )
+        return _read_only(cache_dir, what)
     if exc.errno in (errno.EACCES, errno.EPERM):
-        return NotSupported(
-            f"{what}: this server (uid {os.getuid()}) may not write {where} in the hub cache; "
-            "give it write access there, or point --hf-cache-dir at a folder it may write"
-        )
+        return _not_permitted(cache_dir, str(where), what)
     if exc.errno in (errno.ENOENT, errno.ENOTDIR):
-        return Aborted(
+        # The cache itself may be what is wrong (a file where a folder should be).
+        return unwritable_cache(cache_dir, what) or Aborted(
             f"{what}: {where} disappeared from the hub cache while the pull was writing it "
             "(another server or `hf cache delete` removed it?); retry the pull"
         )
     return None
+
+
+def unwritable_cache(cache_dir: Path | str, what: str) -> ServiceError | None:
+    """Why nothing can be written in the hub cache, seen before a pull starts: the
+    cache (or, where it does not exist yet, the nearest folder above it, where it
+    would be made) is on a read-only file system, is not this server's to write, or
+    lies under a file. None when it can be written."""
+    nearest = existing_parent(cache_dir)
+    if not os.path.isdir(nearest):
+        return NotSupported(
+            f"{what}: the hub cache {os.path.abspath(cache_dir)} cannot be made: {nearest} "
+            "is a file, not a folder; point --hf-cache-dir (or HF_HUB_CACHE) at a folder"
+        )
+    try:
+        read_only = bool(os.statvfs(nearest).f_flag & os.ST_RDONLY)
+    except OSError:
+        read_only = False
+    if read_only:
+        return _read_only(cache_dir, what)
+    if not os.access(nearest, os.W_OK | os.X_OK):
+        return _not_permitted(cache_dir, nearest, what)
+    return None
+
+
+def _read_only(cache_dir: Path | str, what: str) -> NotSupported:
+    return NotSupported(
+        f"{what}: the hub cache {os.path.realpath(cache_dir)} is not writable (a read-only "
+        f"file system, mounted at {mount_point(cache_dir)}): mount a writable volume there, "
+        "or point --hf-cache-dir (or HF_HUB_CACHE) at one"
+    )
+
+
+def _not_permitted(cache_dir: Path | str, where: str, what: str) -> NotSupported:
+    return NotSupported(
+        f"{what}: the hub cache {os.path.realpath(cache_dir)} is not writable: this server "
+        f"(uid {os.getuid()}, gid {os.getgid()}) may not write {where}; give it write "
+        "access there (in Kubernetes, the volume's fsGroup), or point --hf-cache-dir (or "
+        "HF_HUB_CACHE) at a folder it may write"
+    )
 
 
 class Reservations:

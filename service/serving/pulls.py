@@ -15,6 +15,7 @@ from pathlib import Path
 
 from service.admission import Capability, Decision
 from service.errors import InvalidRequest, NotSupported, excerpt
+from service.hub.disk import cache_failure, unwritable_cache
 from service.hub.inventory import CachedModel, cached_models, delete_cached, snapshot_folder
 from service.hub.pull import Puller, PullState
 from service.model_source import HubReference, ModelSource
@@ -96,7 +97,13 @@ class Pulls:
         folder = await asyncio.to_thread(snapshot_folder, self.cache_dir, hub)
         if folder is not None:
             await self._pool.release_files(folder, f"deleting {excerpt(str(hub))}")
-        return await asyncio.to_thread(delete_cached, self.cache_dir, hub)
+        try:
+            return await asyncio.to_thread(delete_cached, self.cache_dir, hub)
+        except OSError as exc:
+            failure = cache_failure(exc, self.cache_dir, f"deleting {excerpt(str(hub))}")
+            if failure is None:
+                raise
+            raise failure from exc
 
     async def _resolve(self, model: str) -> tuple[ModelSpec, ModelSource]:
         spec = await asyncio.to_thread(self._pool.catalog.resolve, model)
@@ -107,6 +114,12 @@ class Pulls:
     ) -> AsyncIterator[PullStep]:
         """Admission, the disk check, then the (shared) transfer."""
         assert self._puller is not None
+        if self.cache_dir is not None:  # before the hub is asked anything
+            unwritable = await asyncio.to_thread(
+                unwritable_cache, self.cache_dir, f"pulling {excerpt(str(hub))}"
+            )
+            if unwritable is not None:
+                raise unwritable
         decision = await self._pool.admission(spec, capability, from_hub=True)
         download = decision.download
         if not decision.admitted or download is None:
