@@ -8,6 +8,9 @@ why, and what to do, and nothing fails as INTERNAL or as a silent wait.
   FAILED_PRECONDITION naming the cache and the fix, before the hub is asked anything:
   a read-only file system (a read-only root, where the cache is under HOME), a folder
   this server's user may not write, a file where a folder should be.
+- Model files: one this server's user may not read (a volume's files owned by root,
+  mode 0600) is refused naming the file, the server's uid and gid, and the fix.
+  The tests run as root, who reads everything: the refusal is made at the seam.
 """
 
 from __future__ import annotations
@@ -31,7 +34,7 @@ import pytest
 from inference.v1 import inference_pb2 as pb
 from inference.v1 import inference_pb2_grpc as pb_grpc
 from service import scratch
-from service.admission import Capability
+from service.admission import Capability, decide
 from service.admission.gates import llama_cpp_knows_architecture
 from service.backends.llama_cpp.log import captured_parser_output
 from service.errors import NotSupported
@@ -39,10 +42,12 @@ from service.hub import disk
 from service.hub.disk import cache_failure, unwritable_cache
 from service.images import external
 from service.model_source import HubReference, ModelSource
+from service.models.sources import _status_for
 from service.serving import pulls
 from service.serving.pulls import Pulls
 from tests.conftest import finished_of, make_settings, serving
 from tests.fake_hub import FakeHub, FakeRepo
+from tests.fixtures import Q, write_checkpoint, write_gguf_header
 from tests.server_process import server_process, wait_until_serving
 
 # --- the temporary directory ------------------------------------------------------------
@@ -316,3 +321,63 @@ def test_pulling_under_a_read_only_home_is_failed_precondition_naming_the_fix(
         assert f"the hub cache {cache} is not writable" in str(error.details())
         assert "mount a writable volume there" in str(error.details())
     assert not hub.sent  # refused before a byte of the model was read
+
+
+# --- model files this server may not read -----------------------------------------------
+
+
+@pytest.fixture
+def unreadable(monkeypatch: pytest.MonkeyPatch) -> set[Path]:
+    """Files that opening, or asking access to, refuses as it would another user's 0600
+    file: add paths to the set."""
+    refused: set[Path] = set()
+    opening, access = Path.open, os.access
+
+    def open_as_another_user(self: Path, *args: Any, **kwargs: Any) -> Any:
+        if self in refused:
+            raise PermissionError(errno.EACCES, os.strerror(errno.EACCES), str(self))
+        return opening(self, *args, **kwargs)
+
+    def access_as_another_user(path: Any, mode: int, **kwargs: Any) -> bool:
+        return Path(path) not in refused and access(path, mode, **kwargs)
+
+    monkeypatch.setattr(Path, "open", open_as_another_user)
+    monkeypatch.setattr(os, "access", access_as_another_user)
+    return refused
+
+
+def _says_what_to_do(reason: str, path: Path) -> None:
+    assert f"cannot read {path}: permission denied" in reason
+    assert f"uid {os.getuid()}, gid {os.getgid()}" in reason
+    assert "fsGroup" in reason
+
+
+def test_a_gguf_file_the_server_may_not_read_is_named_with_the_fix(
+    unreadable: set[Path], tmp_path: Path
+) -> None:
+    model = write_gguf_header(tmp_path / "x.gguf", "llama", None, [Q.Q8_0])
+    unreadable.add(model)
+    decision = decide(ModelSource("gguf", model), Capability.TEXT, offline=True)
+    assert not decision.admitted
+    _says_what_to_do(decision.reason, model)
+
+
+def test_a_checkpoints_files_the_server_may_not_read_are_named_with_the_fix(
+    unreadable: set[Path], tmp_path: Path
+) -> None:
+    checkpoint = write_checkpoint(tmp_path / "ckpt", {"model_type": "llama"}, weights_bytes=8)
+    unreadable.add(checkpoint / "config.json")
+    refused = decide(ModelSource("checkpoint", checkpoint), Capability.TEXT, offline=True)
+    _says_what_to_do(refused.reason, checkpoint / "config.json")
+    unreadable.clear()
+    unreadable.add(checkpoint / "model.safetensors")
+    refused = decide(ModelSource("checkpoint", checkpoint), Capability.TEXT, offline=True)
+    _says_what_to_do(refused.reason, checkpoint / "model.safetensors")
+
+
+def test_a_folder_under_models_dir_the_server_may_not_read_says_what_to_do() -> None:
+    denied = _status_for(PermissionError(errno.EACCES, "Permission denied"), "team/x.gguf")
+    assert denied.code == grpc.StatusCode.PERMISSION_DENIED
+    assert "'team/x.gguf': the server is not allowed to read it" in denied.message
+    assert f"uid {os.getuid()}" in denied.message
+    assert "fsGroup" in denied.message

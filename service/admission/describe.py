@@ -20,6 +20,7 @@ alike go through `describe_gguf_parts`.
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import re
@@ -60,6 +61,19 @@ MAX_JSON_BYTES = 4 << 20
 
 class UnreadableModel(Exception):
     """The model's metadata cannot be read at all; the message says why."""
+
+
+def cannot_read(exc: OSError, path: Path | str, which: str) -> UnreadableModel:
+    """Why `which` (the model file, config.json...) at `path` cannot be read. A file this
+    server's user may not read is named whole, with what to do: it is the operator's
+    to fix, and the message is all that reaches them from a client's error."""
+    if exc.errno in (errno.EACCES, errno.EPERM):
+        return UnreadableModel(
+            f"cannot read {exc.filename or path}: permission denied; make it readable by "
+            f"this server's user (uid {os.getuid()}, gid {os.getgid()}): chmod a+r it, or "
+            "give it that group (in Kubernetes, the pod's securityContext.fsGroup)"
+        )
+    return UnreadableModel(f"{which} cannot be read: {exc.strerror or exc}")
 
 
 @dataclass(frozen=True)
@@ -120,7 +134,7 @@ def describe_gguf(path: Path) -> ModelDescription:
     except OSError as exc:  # not cached: it may be gone by the next call
         index = next((i for i, part in enumerate(paths) if str(part) == exc.filename), 0)
         which = _which([part.name for part in paths], index, "the model file")
-        raise UnreadableModel(f"{which} cannot be read: {exc.strerror or exc}") from exc
+        raise cannot_read(exc, paths[index], which) from exc
     if isinstance(result, str):
         raise UnreadableModel(result)
     return result
@@ -412,8 +426,10 @@ def _total_size(files: Iterable[Path]) -> int:
     for file in files:
         try:
             total += file.stat().st_size
+            if not os.access(file, os.R_OK):  # stat needs no permission to read it
+                raise PermissionError(errno.EACCES, os.strerror(errno.EACCES), str(file))
         except OSError as exc:
-            raise UnreadableModel(f"{excerpt(file.name)} cannot be read: {exc.strerror}") from exc
+            raise cannot_read(exc, file, excerpt(file.name)) from exc
     return total
 
 
@@ -461,6 +477,8 @@ def _read_json(path: Path) -> dict[str, Any]:
         size = path.stat().st_size
         text = path.read_bytes() if size <= MAX_JSON_BYTES else b""
     except OSError as exc:
+        if exc.errno in (errno.EACCES, errno.EPERM):
+            raise cannot_read(exc, path, path.name) from exc
         raise UnreadableModel(f"the model has no readable {path.name}: {exc.strerror}") from exc
     return json_object(text, path.name, size)
 

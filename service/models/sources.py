@@ -419,7 +419,11 @@ def _status_for(exc: OSError, reference: str) -> ServiceError:
     if exc.errno == errno.ELOOP:
         return InvalidRequest(f"{quoted}: too many levels of symbolic links")
     if exc.errno in (errno.EACCES, errno.EPERM):
-        return AccessDenied(f"{quoted}: the server is not allowed to read it")
+        return AccessDenied(
+            f"{quoted}: the server is not allowed to read it; make it readable by this "
+            f"server's user (uid {os.getuid()}, gid {os.getgid()}), or in Kubernetes set the "
+            "pod's securityContext.fsGroup"
+        )
     if exc.errno in (errno.ENOENT, errno.ENOTDIR):
         return ModelNotFound(f"{quoted} does not exist")
     name = errno.errorcode.get(exc.errno or 0, "an error")
