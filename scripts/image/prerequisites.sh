@@ -6,17 +6,15 @@
 # - a container engine: podman (with runc) from the distribution's packages, unless podman
 #   or docker can already run containers here;
 # - the base image they build on, localhost/inference-test-base:bookworm: Debian bookworm
-#   with Python, made with debootstrap from Debian's packages (these machines reach no
-#   image registry, but do reach Debian's mirror).
+#   with Python, made with debootstrap from Debian's packages by scripts/image/base.sh (as
+#   `make image-base` makes one for `make image` where no registry is reachable: these
+#   machines reach none, but do reach Debian's mirror).
 #
 # The tests install nothing themselves: without these they are skipped with the reason
 # (in CI, where CI is set, they fail instead).
 set -euo pipefail
 
 base=localhost/inference-test-base:bookworm
-# What the runtime stage needs from Debian beyond minbase: Python and llama.cpp's runtimes.
-packages=python3,python3-venv,libgomp1,libstdc++6,ca-certificates
-mirror=${DEBIAN_MIRROR:-http://deb.debian.org/debian}
 
 can_run() { command -v "$1" >/dev/null && "$1" info >/dev/null 2>&1; }
 
@@ -42,9 +40,4 @@ if "$engine" image inspect "$base" >/dev/null 2>&1; then
     echo "$base: there already"
     exit 0
 fi
-[ "$(id -u)" = 0 ] || { echo "debootstrap needs root" >&2; exit 1; }
-rootfs=$(mktemp -d)
-trap 'rm -rf "$rootfs"' EXIT
-debootstrap --variant=minbase --include="$packages" bookworm "$rootfs" "$mirror"
-tar -C "$rootfs" -c . | "$engine" import - "$base"
-echo "$base: made with $engine"
+ENGINE=$engine "$(dirname "$0")/base.sh" "$base"
