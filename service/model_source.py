@@ -28,6 +28,10 @@ class ModelSource:
     # The .gguf file or checkpoint directory; None while a hub model is not in the cache.
     path: Path | None
     hub: HubReference | None = None
+    # The file at `path` is these files joined, in order (an embedded model shipped in
+    # chunks): `path` need not exist until the pool joins them (ModelSpec.prepare), once
+    # admission has said the model fits; admission reads the chunks as one file.
+    chunks: tuple[Path, ...] = ()
 
     @property
     def available_locally(self) -> bool:

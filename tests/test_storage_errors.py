@@ -11,12 +11,18 @@ why, and what to do, and nothing fails as INTERNAL or as a silent wait.
 - Model files: one this server's user may not read (a volume's files owned by root,
   mode 0600) is refused naming the file, the server's uid and gid, and the fix.
   The tests run as root, who reads everything: the refusal is made at the seam.
+- What the catalog advertises: a model the budget can never hold (gemma3-270m under
+  the manifests' 320 MiB) says so in ListModels (`unloadable_reason`, from the
+  estimate a load uses), and GET /v1/models leaves it out (retrieving it says why).
+- Nothing is written before admission says a model fits: gemma3-270m's chunks are read
+  as one file by admission, and joined only once the pool has reserved its memory.
 """
 
 from __future__ import annotations
 
 import asyncio
 import errno
+import itertools
 import os
 import shutil
 import subprocess
@@ -29,26 +35,33 @@ from types import SimpleNamespace
 from typing import Any
 
 import grpc
+import openai
 import pytest
 
 from inference.v1 import inference_pb2 as pb
 from inference.v1 import inference_pb2_grpc as pb_grpc
 from service import scratch
 from service.admission import Capability, decide
+from service.admission.describe import describe_gguf, describe_joined_gguf
 from service.admission.gates import llama_cpp_knows_architecture
 from service.backends.llama_cpp.log import captured_parser_output
-from service.errors import NotSupported
+from service.errors import NotSupported, Overloaded
+from service.front import server as front_server
 from service.hub import disk
 from service.hub.disk import cache_failure, unwritable_cache
 from service.images import external
 from service.model_source import HubReference, ModelSource
+from service.models import catalog
+from service.models.pool import ModelPool, memory_need
 from service.models.sources import _status_for
+from service.models.unjoined import UNJOINED
 from service.serving import pulls
 from service.serving.pulls import Pulls
-from tests.conftest import finished_of, make_settings, serving
+from tests.conftest import GEMMA, SMOLLM, finished_of, make_settings, serving
 from tests.fake_hub import FakeHub, FakeRepo
 from tests.fixtures import Q, write_checkpoint, write_gguf_header
 from tests.server_process import server_process, wait_until_serving
+from tests.test_pool import Engines
 
 # --- the temporary directory ------------------------------------------------------------
 
@@ -381,3 +394,130 @@ def test_a_folder_under_models_dir_the_server_may_not_read_says_what_to_do() -> 
     assert "'team/x.gguf': the server is not allowed to read it" in denied.message
     assert f"uid {os.getuid()}" in denied.message
     assert "fsGroup" in denied.message
+
+
+# --- what the catalog advertises, and nothing written before it fits --------------------
+
+MiB = 1 << 20
+# The manifests' budget and the default context: gemma3-270m needs about 385 MiB.
+MANIFESTS = {"memory_budget": 320 * MiB, "context_size": 4096}
+
+
+def test_a_gguf_in_chunks_reads_as_the_file_they_join_into(tmp_path: Path) -> None:
+    model = write_gguf_header(tmp_path / "whole.gguf", "llama", None, [Q.Q4_K, Q.Q6_K])
+    data = model.read_bytes()
+    cuts = [0, 7, 300, len(data) // 2, len(data)]  # the first cut inside the header
+    chunks = []
+    for index, (start, end) in enumerate(itertools.pairwise(cuts)):
+        chunk = tmp_path / f"whole.gguf.part{index:02d}"
+        chunk.write_bytes(data[start:end])
+        chunks.append(chunk)
+    assert describe_joined_gguf(chunks, "joined.gguf") == describe_gguf(model)
+
+
+def test_gemmas_chunks_are_read_where_the_package_ships_them() -> None:
+    source = UNJOINED[GEMMA]()
+    if source is None:
+        pytest.skip("gemma3-270m's chunk packages are not installed here")
+    assert source.chunks
+    assert all(chunk.is_file() for chunk in source.chunks)
+    joined = decide(source, Capability.TEXT, offline=True)
+    assert joined.admitted, joined.reason
+    assert joined.description is not None
+    assert joined.description.weights_bytes == sum(c.stat().st_size for c in source.chunks)
+
+
+@pytest.fixture
+def joins(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """Each time the catalog joins an embedded model's chunks: the host bytes the pool
+    held then (a load's reservation included). The join itself is not run: it hands
+    the pool a path of its own."""
+    held: list[int] = []
+    pools: list[ModelPool] = []
+    building = front_server.build_pool
+
+    def build_pool(settings: Any) -> ModelPool:
+        pools.append(building(settings))
+        return pools[-1]
+
+    def join(embedded: Any) -> ModelSource:
+        held.append(pools[-1].used_bytes())
+        return ModelSource("gguf", Path("/joined") / f"{embedded.name}.gguf")
+
+    monkeypatch.setattr(front_server, "build_pool", build_pool)
+    monkeypatch.setattr(catalog, "join", join)
+    monkeypatch.setattr(front_server, "engine_starter", lambda settings: Engines())
+    return held
+
+
+def _gemma_need(pool: ModelPool) -> int:
+    spec = pool.catalog.resolve(GEMMA)
+    decision = decide(spec.locate(), Capability.TEXT, offline=True)
+    return memory_need(decision, spec).host_bytes
+
+
+def test_a_model_the_budget_cannot_hold_is_refused_without_joining_its_chunks(
+    joins: list[int],
+) -> None:
+    if UNJOINED[GEMMA]() is None:
+        pytest.skip("gemma3-270m's chunk packages are not installed here")
+
+    async def scenario() -> None:
+        pool = front_server.build_pool(make_settings(**MANIFESTS))
+        reasons = await asyncio.to_thread(pool.unloadable_reasons, [pool.catalog.resolve(GEMMA)])
+        assert reasons[GEMMA].startswith("needs about 385.")
+        assert "more than the whole memory budget of 320.0 MiB" in reasons[GEMMA]
+        decision = await pool.admission(pool.catalog.resolve(GEMMA), Capability.TEXT)
+        assert decision.admitted  # llama.cpp serves it; the budget is what refuses it
+        with pytest.raises(Overloaded) as refused:
+            async with pool.use(GEMMA):
+                pass
+        assert "more than the whole memory budget" in refused.value.message
+        await pool.close()
+
+    asyncio.run(scenario())
+    assert joins == []  # nothing was written for it
+
+
+def test_a_model_that_fits_is_joined_once_its_memory_is_reserved(joins: list[int]) -> None:
+    if UNJOINED[GEMMA]() is None:
+        pytest.skip("gemma3-270m's chunk packages are not installed here")
+
+    async def scenario() -> None:
+        pool = front_server.build_pool(make_settings(memory_budget=2048 * MiB))
+        assert await asyncio.to_thread(pool.unloadable_reasons, pool_specs(pool)) == {}
+        async with pool.use(GEMMA) as model:
+            assert model.path == "/joined/gemma3-270m.gguf"  # what the engine was given
+        assert joins == [_gemma_need(pool)]  # joined with its own memory, and only it, held
+        await pool.close()
+
+    asyncio.run(scenario())
+
+
+def pool_specs(pool: ModelPool) -> list[Any]:
+    return [pool.catalog.resolve(name) for name in (GEMMA, SMOLLM)]
+
+
+def test_the_catalog_says_what_the_budget_can_never_load(joins: list[int]) -> None:
+    """ListModels keeps every model, with the reason; GET /v1/models lists those a client
+    may pick, and retrieving one left out says why (a 404, as for a model not here)."""
+    if UNJOINED[GEMMA]() is None:
+        pytest.skip("gemma3-270m's chunk packages are not installed here")
+    settings = make_settings(**MANIFESTS, http_listen="127.0.0.1:0")
+    with serving(settings) as (running, stub):
+        listed = {m.name: m for m in stub.ListModels(pb.ListModelsRequest()).models}
+        assert running.server.http is not None
+        base = f"http://127.0.0.1:{running.server.http.port}/v1"
+        with openai.OpenAI(base_url=base, api_key="none", max_retries=0) as client:
+            ids = [model.id for model in client.models.list()]
+            assert client.models.retrieve(SMOLLM).id == SMOLLM
+            with pytest.raises(openai.NotFoundError) as missing:
+                client.models.retrieve(GEMMA)
+    assert "needs about 385." in listed[GEMMA].unloadable_reason
+    assert "raise --memory-budget" in listed[GEMMA].unloadable_reason
+    assert not listed[SMOLLM].unloadable_reason
+    assert GEMMA not in ids
+    assert SMOLLM in ids
+    said = str(missing.value)
+    assert "'gemma3-270m' is known here but cannot be served: needs about 385." in said
+    assert joins == []

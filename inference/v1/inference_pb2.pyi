@@ -566,7 +566,7 @@ class ListModelsRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class ModelInfo(_message.Message):
-    __slots__ = ("name", "source", "backend", "capabilities", "is_default", "loaded", "memory_bytes", "last_used_unix_ms", "context_length", "engine_pid", "rss_bytes", "gpu_memory_bytes")
+    __slots__ = ("name", "source", "backend", "capabilities", "is_default", "loaded", "memory_bytes", "last_used_unix_ms", "context_length", "engine_pid", "rss_bytes", "gpu_memory_bytes", "unloadable_reason")
     NAME_FIELD_NUMBER: _ClassVar[int]
     SOURCE_FIELD_NUMBER: _ClassVar[int]
     BACKEND_FIELD_NUMBER: _ClassVar[int]
@@ -579,6 +579,7 @@ class ModelInfo(_message.Message):
     ENGINE_PID_FIELD_NUMBER: _ClassVar[int]
     RSS_BYTES_FIELD_NUMBER: _ClassVar[int]
     GPU_MEMORY_BYTES_FIELD_NUMBER: _ClassVar[int]
+    UNLOADABLE_REASON_FIELD_NUMBER: _ClassVar[int]
     name: str
     source: str
     backend: str
@@ -591,7 +592,8 @@ class ModelInfo(_message.Message):
     engine_pid: int
     rss_bytes: int
     gpu_memory_bytes: int
-    def __init__(self, name: _Optional[str] = ..., source: _Optional[str] = ..., backend: _Optional[str] = ..., capabilities: _Optional[_Iterable[_Union[Capability, str]]] = ..., is_default: _Optional[bool] = ..., loaded: _Optional[bool] = ..., memory_bytes: _Optional[int] = ..., last_used_unix_ms: _Optional[int] = ..., context_length: _Optional[int] = ..., engine_pid: _Optional[int] = ..., rss_bytes: _Optional[int] = ..., gpu_memory_bytes: _Optional[int] = ...) -> None: ...
+    unloadable_reason: str
+    def __init__(self, name: _Optional[str] = ..., source: _Optional[str] = ..., backend: _Optional[str] = ..., capabilities: _Optional[_Iterable[_Union[Capability, str]]] = ..., is_default: _Optional[bool] = ..., loaded: _Optional[bool] = ..., memory_bytes: _Optional[int] = ..., last_used_unix_ms: _Optional[int] = ..., context_length: _Optional[int] = ..., engine_pid: _Optional[int] = ..., rss_bytes: _Optional[int] = ..., gpu_memory_bytes: _Optional[int] = ..., unloadable_reason: _Optional[str] = ...) -> None: ...
 
 class ServerLoad(_message.Message):
     __slots__ = ("running", "waiting", "max_running", "max_waiting")

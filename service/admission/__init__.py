@@ -21,6 +21,7 @@ from service.admission.describe import (
     UnreadableModel,
     describe_checkpoint,
     describe_gguf,
+    describe_joined_gguf,
     describe_pipeline,
 )
 from service.admission.gates import (
@@ -103,13 +104,15 @@ def decide(
         return Decision(False, f"{source.path.name} is a text model; call Generate", "", None, True)
     backend = {"diffusers": DIFFUSERS, "gguf": LLAMA_CPP}.get(source.kind, MLX_LM)
     try:
-        description = _describe_local(source.path, source.kind)
+        description = _describe_local(source.path, source.kind, source.chunks)
     except UnreadableModel as exc:
         return Decision(False, str(exc), backend, None, available_locally=True)
     return _decide_described(source.kind, description, capability, source.path.name)
 
 
-def _describe_local(path: Path, kind: str) -> ModelDescription:
+def _describe_local(path: Path, kind: str, chunks: tuple[Path, ...] = ()) -> ModelDescription:
+    if chunks:  # not joined yet: nothing is written before the model is known to fit
+        return describe_joined_gguf(chunks, path.name)
     if kind == "diffusers":
         return describe_pipeline(path)
     if kind == "gguf":

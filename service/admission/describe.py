@@ -20,7 +20,9 @@ alike go through `describe_gguf_parts`.
 
 from __future__ import annotations
 
+import bisect
 import errno
+import io
 import json
 import os
 import re
@@ -186,6 +188,81 @@ def _describe_gguf_cached(files: tuple[_Stamp, ...]) -> ModelDescription | str:
 def _read_local(path: Path, names: Sequence[str], index: int) -> GGUFHeader:
     with path.open("rb", buffering=1 << 16) as file:
         return read_gguf_part(file, os.fstat(file.fileno()).st_size, names, index)
+
+
+def describe_joined_gguf(chunks: Sequence[Path], name: str) -> ModelDescription:
+    """A GGUF file shipped in chunks that are joined only to load it (an embedded model's),
+    described from the chunks read as one file named `name`: nothing is written (the
+    header is in the first chunk; the others give their sizes). Cached as describe_gguf."""
+    try:
+        result = _describe_joined_cached(name, tuple(_stamp(chunks, i) for i in range(len(chunks))))
+    except OSError as exc:
+        raise cannot_read(exc, exc.filename or chunks[0], "a chunk of the model file") from exc
+    if isinstance(result, str):
+        raise UnreadableModel(result)
+    return result
+
+
+@lru_cache(maxsize=8)
+def _describe_joined_cached(name: str, files: tuple[_Stamp, ...]) -> ModelDescription | str:
+    try:
+        with io.BufferedReader(_Joined([path for path, _, _ in files]), 1 << 16) as joined:
+            size = joined.raw.size
+            return describe_gguf_parts([name], lambda _: read_gguf_part(joined, size, [name], 0))
+    except UnreadableModel as exc:
+        return str(exc)
+
+
+class _Joined(io.RawIOBase):
+    """Files read as one, in order, without joining them: read-only, seekable."""
+
+    def __init__(self, paths: Sequence[Path]) -> None:
+        self._files: list[BinaryIO] = []
+        try:
+            for path in paths:
+                self._files.append(path.open("rb", buffering=0))
+        except OSError:
+            self.close()
+            raise
+        sizes = [os.fstat(file.fileno()).st_size for file in self._files]
+        self._starts = [sum(sizes[:index]) for index in range(len(sizes))]
+        self._ends = [start + size for start, size in zip(self._starts, sizes, strict=True)]
+        self.size = sum(sizes)
+        self._position = 0
+
+    def readable(self) -> bool:
+        return True
+
+    def seekable(self) -> bool:
+        return True
+
+    def tell(self) -> int:
+        return self._position
+
+    def seek(self, offset: int, whence: int = os.SEEK_SET) -> int:
+        base = {os.SEEK_SET: 0, os.SEEK_CUR: self._position, os.SEEK_END: self.size}[whence]
+        self._position = max(0, base + offset)
+        return self._position
+
+    def readinto(self, buffer: Any) -> int:
+        view = memoryview(buffer).cast("B")
+        done = 0
+        while done < len(view) and self._position < self.size:
+            index = bisect.bisect_right(self._starts, self._position) - 1
+            file = self._files[index]
+            file.seek(self._position - self._starts[index])
+            want = min(len(view) - done, self._ends[index] - self._position)
+            count = file.readinto(view[done : done + want])  # type: ignore[attr-defined]
+            if not count:  # a chunk shrank while being read
+                break
+            done += count
+            self._position += count
+        return done
+
+    def close(self) -> None:
+        for file in self._files:
+            file.close()
+        super().close()
 
 
 def describe_gguf_parts(

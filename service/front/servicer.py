@@ -160,7 +160,13 @@ class InferenceServicer(pb_grpc.InferenceServicer):
         loaded = {model.name: model for model in self._pool.loaded()}
         specs = [catalog.resolve(name) for name in catalog.names()]
         specs += [model.spec for model in loaded.values() if not model.spec.configured]
-        infos = [_model_info(spec, loaded.get(spec.name), catalog.default_model) for spec in specs]
+        # What can never load, from metadata (files are read: off the event loop).
+        unloaded = [spec for spec in specs if spec.name not in loaded]
+        reasons = await asyncio.to_thread(self._pool.unloadable_reasons, unloaded)
+        infos = [
+            _model_info(spec, loaded.get(spec.name), catalog.default_model, reasons)
+            for spec in specs
+        ]
         return pb.ListModelsResponse(
             models=infos, default_model=catalog.default_model, load=self._load()
         )
@@ -345,7 +351,9 @@ def _capability(value: int) -> Capability:
         ) from None
 
 
-def _model_info(spec: ModelSpec, model: LoadedModel | None, default: str) -> pb.ModelInfo:
+def _model_info(
+    spec: ModelSpec, model: LoadedModel | None, default: str, unloadable: dict[str, str]
+) -> pb.ModelInfo:
     # Until a model is loaded its kind is only known for the external image command
     # and the embedded models.
     capability = pb.CAPABILITY_IMAGE if spec.backend == EXTERNAL else pb.CAPABILITY_TEXT
@@ -357,6 +365,7 @@ def _model_info(spec: ModelSpec, model: LoadedModel | None, default: str) -> pb.
         capabilities=[model.capability.value if model else capability],
         is_default=spec.name == default,
         loaded=model is not None,
+        unloadable_reason=unloadable.get(spec.name, ""),
     )
     if model is not None:
         engine = model.engine

@@ -14,6 +14,7 @@ from service.engine.model_options import ModelOptions
 from service.model_source import ModelSource
 from service.models.embedded import EMBEDDED_MODELS, EmbeddedModel
 from service.models.sources import SourceResolver, check_model_name
+from service.models.unjoined import UNJOINED, join
 
 
 @dataclass(frozen=True)
@@ -30,6 +31,10 @@ class ModelSpec:
     backend: str = "auto"  # or names.EXTERNAL: images come from the external command
     base_model: str = "dev"
     embeds: bool = False  # known to be an embedding model before it is loaded
+    # What makes the located files loadable, and the source to load: joining an embedded
+    # model's chunks (service.models.embedded). The pool runs it only once admission has
+    # said the model fits and its memory is reserved, so a refused model writes nothing.
+    prepare: Callable[[], ModelSource] | None = None
 
 
 def _nowhere() -> ModelSource:
@@ -79,13 +84,22 @@ class Catalog:
         )
 
     def _embedded_spec(self, embedded: EmbeddedModel) -> ModelSpec:
-        return replace(
+        spec = replace(
             self._defaults,
             name=embedded.name,
             label=f"pypi:{embedded.package}",
             locate=lambda: ModelSource("gguf", embedded.locate()),
             embeds=embedded.embeds,
         )
+        chunks = UNJOINED.get(embedded.name)
+        if chunks is None:
+            return spec
+
+        def unjoined() -> ModelSource:
+            """Its chunks while they are not joined: admission reads them, writing nothing."""
+            return chunks() or join(embedded)
+
+        return replace(spec, locate=unjoined, prepare=lambda: join(embedded))
 
     def _configured_spec(self, name: str, config: ModelConfig) -> ModelSpec:
         defaults = self._defaults

@@ -47,16 +47,25 @@ import structlog
 
 from service.admission import Capability, Decision, not_downloaded
 from service.admission.gates import llama_cpp_computes_on_gpu
-from service.backends.names import LLAMA_CPP, KvCacheLayout, batch_size_on, kv_layout_on
+from service.backends.names import (
+    EXTERNAL,
+    LLAMA_CPP,
+    KvCacheLayout,
+    batch_size_on,
+    kv_layout_on,
+)
 from service.engine.base import Engine, EngineCrashed, EngineHooks
 from service.engine.crash_backoff import CrashHistory
-from service.errors import NotSupported, Overloaded
+from service.errors import NotSupported, Overloaded, ServiceError
 from service.hub.work import HubWork
 from service.memory import MemoryNeed, format_bytes
 from service.model_source import ModelSource
 from service.models.catalog import Catalog, ModelSpec
 
 log = structlog.get_logger("pool")
+
+# Seconds an answer of `unloadable_reasons` is kept.
+_UNLOADABLE_KEPT = 10.0
 
 # Starts a model's engine with its backend, as admission chose it.
 EngineStarter = Callable[[ModelSpec, ModelSource, str, EngineHooks], Awaitable[Engine]]
@@ -224,6 +233,8 @@ class ModelPool:
         self._change = asyncio.Event()
         self._background: set[asyncio.Task[Any]] = set()
         self._housekeeping: asyncio.Task[None] | None = None
+        # unloadable_reasons' answers: (when, the spec judged, why; "" for nothing).
+        self._unloadable: dict[str, tuple[float, ModelSpec, str]] = {}
 
     # --- what is loaded ------------------------------------------------------------
 
@@ -293,6 +304,51 @@ class ModelPool:
                 device_free = None if device_free is None else device_free + model.device_bytes
                 slots = None if slots is None else slots + 1
         return Plan(need, True, tuple(evict), blocked_by_busy=not enough(), device_need=device_need)
+
+    def unloadable_reasons(self, specs: list[ModelSpec]) -> dict[str, str]:
+        """Why each model can never be loaded here as configured, by name (absent when
+        nothing is known against it). Reads metadata: call it off the event loop. Each
+        answer is kept a few seconds: ListModels is polled (by the picker, twice a
+        second), and a model's files and the budget rarely change."""
+        now = time.monotonic()
+        reasons: dict[str, str] = {}
+        for spec in specs:
+            kept = self._unloadable.get(spec.name)
+            if kept is None or now - kept[0] > _UNLOADABLE_KEPT or kept[1] is not spec:
+                try:
+                    reason = self.unloadable_reason(spec)
+                except Exception:  # one model's surprise must not fail the whole list
+                    log.exception("judging whether a model can load failed", model=spec.name)
+                    reason = ""
+                kept = self._unloadable[spec.name] = (now, spec, reason)
+            if kept[2]:
+                reasons[spec.name] = kept[2]
+        return reasons
+
+    def unloadable_reason(self, spec: ModelSpec) -> str:
+        """Why `spec` can never be loaded here as configured, known without loading or
+        writing anything: it cannot be located, admission refuses its files, or it
+        needs more memory than the whole budget by the estimate a load uses. Empty when
+        nothing is known against it (a hub model not on disk is judged when pulled;
+        the external image command's models are not judged here)."""
+        try:
+            source = spec.locate()
+        except ServiceError as exc:
+            return exc.message
+        if not source.available_locally or spec.backend == EXTERNAL:
+            return ""
+        capability = Capability.EMBED if spec.embeds else Capability.TEXT
+        if source.kind == "diffusers":
+            capability = Capability.IMAGE
+        decision = self._admit(source, capability)
+        described = decision.description
+        if not decision.admitted and described is not None and described.pooling:
+            decision = self._admit(source, Capability.EMBED)  # an embedding model, configured
+        if not decision.admitted:
+            return decision.reason
+        need = memory_need(decision, spec)
+        plan = self.plan(need.host_bytes, spec.name, need.device_bytes)
+        return "" if plan.fits_at_all else too_big(plan, self.limits)
 
     # --- using a model ------------------------------------------------------------
 
@@ -420,6 +476,8 @@ class ModelPool:
             raise NotSupported(f"model {spec.name!r} cannot be served: {decision.reason}")
         need = memory_need(decision, spec)
         await self._make_room(load, need.host_bytes, need.device_bytes)
+        if spec.prepare is not None:  # joining chunks: written only now that it fits
+            source = await asyncio.to_thread(spec.prepare)
         loaded: list[LoadedModel] = []  # the hooks' model, once there is one
 
         def failed(why: str) -> None:

@@ -355,7 +355,9 @@ class OpenAiHttp:
     async def _models(self, request: web.Request) -> web.StreamResponse:
         async def work(outcome: _Outcome) -> web.StreamResponse:
             listed = await self._list_models(pb.ListModelsRequest(), outcome.summary)
-            models = [_model_object(m) for m in listed.models]
+            # The models a client may pick: one that can never load here is left out
+            # (ListModels and GET /v1/models/{model} say why).
+            models = [_model_object(m) for m in listed.models if not m.unloadable_reason]
             return outcome.json({"object": "list", "data": models})
 
         return await self._outcome("Models", request).answer(work)
@@ -367,6 +369,11 @@ class OpenAiHttp:
         async def work(outcome: _Outcome) -> web.StreamResponse:
             listed = await self._list_models(pb.ListModelsRequest(), outcome.summary)
             for model in listed.models:
+                if model.name == name and model.unloadable_reason:
+                    raise ModelNotFound(
+                        f"model {excerpt(name)} is known here but cannot be served: "
+                        f"{model.unloadable_reason}"
+                    )
                 if model.name == name:
                     return outcome.json(_model_object(model))
             raise ModelNotFound(

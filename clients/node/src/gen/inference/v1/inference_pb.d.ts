@@ -1804,6 +1804,20 @@ export declare type ModelInfo = Message<"inference.v1.ModelInfo"> & {
    * @generated from field: uint64 gpu_memory_bytes = 12;
    */
   gpuMemoryBytes: bigint;
+
+  /**
+   * Why this server cannot load the model as it is configured, known from the
+   * model's metadata without loading or writing anything: it needs more memory
+   * than the whole budget (--memory-budget, --gpu-memory-budget) by the estimate
+   * a load uses (Admit's), or admission refuses its files (an architecture this
+   * build lacks, a file the server may not read). Empty when nothing is known
+   * against it: a model that fits may still wait for memory, and a hub model not
+   * yet downloaded is judged when it is pulled. GET /v1/models leaves such a
+   * model out (docs/models.md).
+   *
+   * @generated from field: string unloadable_reason = 13;
+   */
+  unloadableReason: string;
 };
 
 /**
