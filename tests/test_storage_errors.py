@@ -9,7 +9,8 @@ why, and what to do, and nothing fails as INTERNAL or as a silent wait.
   a read-only file system (a read-only root, where the cache is under HOME), a folder
   this server's user may not write, a file where a folder should be.
 - Model files: one this server's user may not read (a volume's files owned by root,
-  mode 0600) is refused naming the file, the server's uid and gid, and the fix.
+  mode 0600) is refused naming the file (by its name: the server's full paths are not a
+  client's to see), the server's uid and gid, and the fix.
   The tests run as root, who reads everything: the refusal is made at the seam.
 - What the catalog advertises: a model the budget can never hold (gemma3-270m under
   the manifests' 320 MiB) says so in ListModels (`unloadable_reason`, from the
@@ -360,7 +361,8 @@ def unreadable(monkeypatch: pytest.MonkeyPatch) -> set[Path]:
 
 
 def _says_what_to_do(reason: str, path: Path) -> None:
-    assert f"cannot read {path}: permission denied" in reason
+    assert f"cannot read {path.name!r}: permission denied" in reason
+    assert str(path.parent) not in reason  # the server's full paths are not the client's
     assert f"uid {os.getuid()}, gid {os.getgid()}" in reason
     assert "fsGroup" in reason
 

@@ -67,11 +67,13 @@ class UnreadableModel(Exception):
 
 def cannot_read(exc: OSError, path: Path | str, which: str) -> UnreadableModel:
     """Why `which` (the model file, config.json...) at `path` cannot be read. A file this
-    server's user may not read is named whole, with what to do: it is the operator's
-    to fix, and the message is all that reaches them from a client's error."""
+    server's user may not read is named, with what to do: it is the operator's to fix.
+    By its name only, as every message names a model's files: the server's full paths
+    are not a client's to see (the model's name, beside it in the reply, finds it)."""
     if exc.errno in (errno.EACCES, errno.EPERM):
+        name = Path(exc.filename or path).name
         return UnreadableModel(
-            f"cannot read {exc.filename or path}: permission denied; make it readable by "
+            f"cannot read {excerpt(name)}: permission denied; make it readable by "
             f"this server's user (uid {os.getuid()}, gid {os.getgid()}): chmod a+r it, or "
             "give it that group (in Kubernetes, the pod's securityContext.fsGroup)"
         )
