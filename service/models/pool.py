@@ -331,11 +331,13 @@ class ModelPool:
         needs more memory than the whole budget by the estimate a load uses. Empty when
         nothing is known against it (a hub model not on disk is judged when pulled;
         the external image command's models are not judged here)."""
+        if spec.backend == EXTERNAL:
+            return ""
         try:
             source = spec.locate()
         except ServiceError as exc:
             return exc.message
-        if not source.available_locally or spec.backend == EXTERNAL:
+        if not source.available_locally:
             return ""
         capability = Capability.EMBED if spec.embeds else Capability.TEXT
         if source.kind == "diffusers":
