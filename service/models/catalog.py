@@ -32,7 +32,7 @@ class ModelSpec:
     base_model: str = "dev"
     embeds: bool = False  # known to be an embedding model before it is loaded
     # What makes the located files loadable, and the source to load: joining an embedded
-    # model's chunks (service.models.embedded). The pool runs it only once admission has
+    # model's chunks (service.models.unjoined). The pool runs it only once admission has
     # said the model fits and its memory is reserved, so a refused model writes nothing.
     prepare: Callable[[], ModelSource] | None = None
 
