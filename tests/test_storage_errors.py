@@ -149,7 +149,7 @@ def without_tmp() -> Iterator[subprocess.Popen[str]]:
     )
     command = [sys.executable, "-m", "service.front", "--listen", "127.0.0.1:0"]
     env = {k: v for k, v in os.environ.items() if k not in ("TMPDIR", "TEMP", "TMP")}
-    env.update(INFERENCE_LOG_FORMAT="json", PYTHONPATH=os.getcwd())
+    env.update(INFERENCE_LOG_FORMAT="json", PYTHONPATH=str(Path(__file__).parents[1]))
     process = subprocess.Popen(
         ["unshare", "-m", "--propagation", "private", "sh", "-c", script, "sh", *command],
         stderr=subprocess.PIPE,
