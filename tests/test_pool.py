@@ -34,7 +34,7 @@ from service.decode.sequence import SequenceDecoder
 from service.engine import core
 from service.engine.base import EngineHooks, EngineInfo, MeasuredMemory
 from service.engine.local import LocalEngine
-from service.errors import INTERNAL_MESSAGE, ModelNotFound, Overloaded
+from service.errors import INTERNAL_MESSAGE, ModelNotFound, NotSupported, Overloaded
 from service.front import rpc, server
 from service.model_source import ModelSource
 from service.models.catalog import ModelSpec
@@ -353,7 +353,7 @@ def test_a_model_too_big_for_the_budget_is_refused_up_front(
         pool = fake_pool(pool_settings(needs, memory_budget=needs[SMOLLM] + 1))
         plan = pool.plan(needs[GEMMA], GEMMA)
         assert not plan.fits_at_all
-        with pytest.raises(Overloaded) as caught:
+        with pytest.raises(NotSupported) as caught:
             await use(pool, GEMMA)
         assert "--memory-budget" in caught.value.message
         assert "more than the whole memory budget" in caught.value.message
@@ -511,7 +511,7 @@ def test_end_to_end_admit_names_what_a_load_evicts_and_its_engine_stops(
         assert "memory budget" in refused.reason
         with pytest.raises(grpc.RpcError) as caught:
             generate(stub, "gemma-huge")
-        assert caught.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+        assert caught.value.code() == grpc.StatusCode.FAILED_PRECONDITION  # not worth a retry
         assert "--memory-budget" in (caught.value.details() or "")
         assert set(loaded_over_rpc(stub)) == {SMOLLM, SMALL}  # nothing evicted for it
 

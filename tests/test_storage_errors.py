@@ -46,7 +46,7 @@ from service.admission import Capability, decide
 from service.admission.describe import describe_gguf, describe_joined_gguf
 from service.admission.gates import llama_cpp_knows_architecture
 from service.backends.llama_cpp.log import captured_parser_output
-from service.errors import NotSupported, Overloaded
+from service.errors import NotSupported
 from service.front import server as front_server
 from service.hub import disk
 from service.hub.disk import cache_failure, unwritable_cache
@@ -472,7 +472,7 @@ def test_a_model_the_budget_cannot_hold_is_refused_without_joining_its_chunks(
         assert "more than the whole memory budget of 320.0 MiB" in reasons[GEMMA]
         decision = await pool.admission(pool.catalog.resolve(GEMMA), Capability.TEXT)
         assert decision.admitted  # llama.cpp serves it; the budget is what refuses it
-        with pytest.raises(Overloaded) as refused:
+        with pytest.raises(NotSupported) as refused:
             async with pool.use(GEMMA):
                 pass
         assert "more than the whole memory budget" in refused.value.message

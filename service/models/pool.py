@@ -534,8 +534,8 @@ class ModelPool:
         try:
             while True:
                 plan = self.plan(need, load.name, device_need)
-                if not plan.fits_at_all:
-                    raise Overloaded(f"model {load.name!r} {too_big(plan, self.limits)}")
+                if not plan.fits_at_all:  # never will: not a reason to retry (a 429)
+                    raise NotSupported(f"model {load.name!r} {too_big(plan, self.limits)}")
                 if not plan.blocked_by_busy:
                     # Reserved before the first await, so no other plan counts it free.
                     load.host_bytes, load.device_bytes = need, device_need
