@@ -522,6 +522,23 @@ def in_process() -> Iterator[tuple[RunningServer, pb_grpc.InferenceStub]]:
         yield server_and_stub
 
 
+def test_in_process_tokenize_detokenize_and_embed_answer_as_an_engine_process_does(
+    in_process: tuple[RunningServer, pb_grpc.InferenceStub],
+) -> None:
+    _, stub = in_process
+    text = "The sea was calm that morning."
+    tokens = stub.Tokenize(pb.TokenizeRequest(model=SMOLLM, prompt=text))
+    assert len(tokens.token_ids) > 3
+    back = stub.Detokenize(pb.DetokenizeRequest(model=SMOLLM, token_ids=tokens.token_ids))
+    assert back.text == text
+    inputs = [pb.EmbedInput(text=text), pb.EmbedInput(text="A storm came at night.")]
+    embedded = stub.Embed(pb.EmbedRequest(inputs=inputs))
+    assert len(embedded.embeddings) == 2
+    for vector in embedded.embeddings:
+        assert len(vector.values) == 384  # all-MiniLM-L6-v2
+        assert abs(sum(v * v for v in vector.values) - 1) < 1e-3  # unit length
+
+
 def test_a_backend_that_fails_mid_forward_is_discarded_and_reloaded(
     in_process: tuple[RunningServer, pb_grpc.InferenceStub], monkeypatch: pytest.MonkeyPatch
 ) -> None:
