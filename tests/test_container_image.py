@@ -223,7 +223,12 @@ def test_the_image_serves_and_drains_under_the_default_stop_timeout(
             started = time.monotonic()
             stop = subprocess.Popen([engine, "stop", name], stdout=subprocess.PIPE,
                                     stderr=subprocess.STDOUT, text=True)  # fmt: skip
-            events.extend(stream)
+            try:
+                events.extend(stream)
+            except grpc.RpcError as exc:
+                stop.wait(timeout=60)
+                logs = run(engine, "logs", name)
+                raise AssertionError(f"the stream ended {exc.code()}:\n{logs}") from exc
             lines = sse.finish()
             assert stop.wait(timeout=60) == 0, stop.stdout.read() if stop.stdout else ""
             stopped = time.monotonic() - started
