@@ -164,7 +164,9 @@ def wait_serving(engine: str, name: str, address: str) -> None:
 
 
 COUNT = "Count: 1, 2,"  # the model counts on, to max_tokens
-TOKENS = 96  # a few seconds for both streams on two cores; well inside the 8 s grace
+# Both streams together take 1.2 s on the two idle cores here (96 tokens: 1.8 s), so a
+# machine busy with other work still finishes them well inside the 8 s grace.
+TOKENS = 64
 
 
 class SseStream:
@@ -251,7 +253,7 @@ def test_the_image_serves_and_drains_under_the_default_stop_timeout(
             r["rpc"] for r in records[events_logged.index("draining") :] if r["event"] == "rpc"
         ]
         assert "Generate" in ended, logs
-        assert any("completions" in rpc for rpc in ended), logs
+        assert "Completions" in ended, logs
     finally:
         subprocess.run([engine, "rm", "-f", name], capture_output=True, check=False)
 
