@@ -228,11 +228,12 @@ def test_the_image_serves_and_drains_under_the_default_stop_timeout(
             try:
                 events.extend(stream)
             except grpc.RpcError as exc:
-                stop.wait(timeout=60)
+                stop.communicate(timeout=60)
                 logs = run(engine, "logs", name)
                 raise AssertionError(f"the stream ended {exc.code()}:\n{logs}") from exc
             lines = sse.finish()
-            assert stop.wait(timeout=60) == 0, stop.stdout.read() if stop.stdout else ""
+            said, _ = stop.communicate(timeout=60)
+            assert stop.returncode == 0, said
             stopped = time.monotonic() - started
         status = run(engine, "inspect", "--format", "{{.State.ExitCode}}", name).strip()
         logs = run(engine, "logs", name)
