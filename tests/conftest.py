@@ -34,9 +34,13 @@ class RunningServer:
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, daemon=True)
         self._thread.start()
-        self.server = self.run(self._build(settings))
-        self.port = self.run(self.server.start())
-        self.run(self.server.ready())
+        try:
+            self.server = self.run(self._build(settings))
+            self.port = self.run(self.server.start())
+            self.run(self.server.ready())
+        except BaseException:
+            self._end_loop()  # a server that did not start leaves no loop to the collector
+            raise
         self.target = f"127.0.0.1:{self.port}"
 
     @staticmethod
@@ -47,10 +51,16 @@ class RunningServer:
         return asyncio.run_coroutine_threadsafe(coroutine, self._loop).result(timeout)
 
     def stop(self) -> None:
-        self.run(self.server.stop(grace=0))
+        try:
+            self.run(self.server.stop(grace=0))
+        finally:
+            self._end_loop()
+
+    def _end_loop(self) -> None:
         self._loop.call_soon_threadsafe(self._loop.stop)
         self._thread.join(timeout=10)
-        self._loop.close()
+        if not self._thread.is_alive():
+            self._loop.close()
 
 
 def make_settings(**overrides: Any) -> Settings:
