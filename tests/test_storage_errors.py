@@ -123,30 +123,35 @@ def test_a_server_whose_tmpdir_cannot_be_used_exits_at_once_saying_so(tmp_path: 
     assert "mount a writable volume at /tmp" in said
 
 
-def _mounts_read_only_tmpfs() -> str | None:
+def _mounts_read_only_tmp() -> str | None:
     """Why this machine cannot give a child process a read-only /tmp; None if it can."""
     if shutil.which("unshare") is None:
         return "no unshare(1)"
-    mount = ["mount", "-t", "tmpfs", "-o", "ro", "tmpfs", "/tmp"]
     probe = subprocess.run(
-        ["unshare", "-m", "--propagation", "private", *mount], capture_output=True
+        ["unshare", "-m", "--propagation", "private", "sh", "-c", _READ_ONLY_TMP],
+        capture_output=True,
     )
     if probe.returncode != 0:
-        return f"a mount namespace with a read-only tmpfs is not allowed here: {probe.stderr!r}"
+        return f"a mount namespace with a read-only /tmp is not allowed here: {probe.stderr!r}"
     return None
+
+
+# /tmp and /var/tmp made read-only where they are, their files still readable: a checkout
+# or a venv under /tmp (as a CI clone may be) stays usable, which a tmpfs over it would hide.
+_READ_ONLY_TMP = " && ".join(
+    f"mount --bind {folder} {folder} && mount -o remount,ro,bind {folder}"
+    for folder in ("/tmp", "/var/tmp")
+)
 
 
 @pytest.fixture
 def without_tmp() -> Iterator[subprocess.Popen[str]]:
     """`inference-server` in a mount namespace of its own where /tmp and /var/tmp are
     read-only, as in a container with a read-only root and no volume at /tmp."""
-    why = _mounts_read_only_tmpfs()
+    why = _mounts_read_only_tmp()
     if why is not None:
         pytest.skip(why)
-    script = (
-        "mount -t tmpfs -o ro tmpfs /tmp && mount -t tmpfs -o ro tmpfs /var/tmp && cd /tmp && "
-        'exec "$@"'
-    )
+    script = f'{_READ_ONLY_TMP} && cd /tmp && exec "$@"'
     command = [sys.executable, "-m", "service.front", "--listen", "127.0.0.1:0"]
     env = {k: v for k, v in os.environ.items() if k not in ("TMPDIR", "TEMP", "TMP")}
     env.update(INFERENCE_LOG_FORMAT="json", PYTHONPATH=str(Path(__file__).parents[1]))
