@@ -598,4 +598,4 @@ def test_draining_refuses_new_requests_and_lets_a_running_stream_finish() -> Non
         rest = list(lines)  # the stream in flight runs to its end
     assert rest[-2:] == ["data: [DONE]", ""] or rest[-1] == "data: [DONE]"
     stopping.result(timeout=60)
-    running._loop.call_soon_threadsafe(running._loop.stop)
+    running._end_loop()  # stopped above, with a grace; its loop closed, not left to the collector
