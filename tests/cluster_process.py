@@ -77,6 +77,19 @@ class ClusterProcess:
         """What the picker logged of the replicas (for a failing assertion's message)."""
         return "".join(line for line in self.log if '"replica ' in line)
 
+    def wait_until_the_picker_sees_every_replica_up(self, timeout: float = 60) -> None:
+        """Until the picker has polled every replica SERVING: `cluster ready` says the
+        replicas and Envoy are, and a request before the picker's next poll is
+        balanced by Envoy alone, so no prefix of it is remembered."""
+        deadline = time.monotonic() + timeout
+        while not self._picker_sees_every_replica() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert self._picker_sees_every_replica(), self.picker_view()
+
+    def _picker_sees_every_replica(self) -> bool:
+        up = [line for line in self.log if '"replica up"' in line]
+        return all(any(f'"{replica}"' in line for line in up) for replica in self.replicas)
+
     def picker_models(self, replica: str) -> list[str]:
         """The models the picker last logged `replica` as having loaded."""
         for line in reversed(self.log):
@@ -138,6 +151,7 @@ def cluster_process(replicas: int, server_args: Sequence[str] = ()) -> Iterator[
     reader.start()
     try:
         cluster.wait_until_ready()
+        cluster.wait_until_the_picker_sees_every_replica_up()
         yield cluster
     finally:
         process.send_signal(signal.SIGTERM)

@@ -94,7 +94,7 @@ def _user(text: str) -> pb.ChatMessage:
 
 
 def test_a_conversation_stays_on_the_replica_that_caches_it(
-    through_envoy: pb_grpc.InferenceStub,
+    cluster: ClusterProcess, through_envoy: pb_grpc.InferenceStub
 ) -> None:
     messages = [_user("Name a colour.")]
     replicas, cached = [], []
@@ -104,7 +104,7 @@ def test_a_conversation_stays_on_the_replica_that_caches_it(
         replicas.append(replica)
         cached.append(finished.usage.cached_prompt_tokens)
         messages += [pb.ChatMessage(role="assistant", content=text), _user(f"And {turn}?")]
-    assert len(set(replicas)) == 1, replicas
+    assert len(set(replicas)) == 1, (replicas, cluster.picker_view())
     assert all(tokens > 0 for tokens in cached[1:]), cached
 
 

@@ -198,12 +198,16 @@ def test_requests_waiting_together_are_evaluated_together() -> None:
         assert queue is not None
         backend = core.backend
         assert isinstance(backend, EmbeddingBackend)
-        release = threading.Event()
+        busy_now, release = threading.Event(), threading.Event()
 
         def busy() -> None:
+            busy_now.set()
             release.wait()
 
-        core.worker.submit(busy)  # the worker is busy while the requests queue
+        # The worker takes what was sent before it started a task along with it: the
+        # requests go in once it is inside `busy`, so they all wait for the same step.
+        core.worker.submit(busy)
+        assert busy_now.wait(30)
         channels: list[Channel[Embedded]] = []
         steps_before = queue.evaluations
         for text in SENTENCES * 3 + ["one more"]:
