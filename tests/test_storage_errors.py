@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import asyncio
 import errno
+import io
 import itertools
 import os
 import shutil
@@ -43,13 +44,14 @@ from inference.v1 import inference_pb2 as pb
 from inference.v1 import inference_pb2_grpc as pb_grpc
 from service import scratch
 from service.admission import Capability, decide
-from service.admission.describe import describe_gguf, describe_joined_gguf
+from service.admission.describe import _Joined, describe_gguf, describe_joined_gguf
 from service.admission.gates import llama_cpp_knows_architecture
 from service.backends.llama_cpp.log import captured_parser_output
 from service.errors import NotSupported
 from service.front import server as front_server
 from service.hub import disk
 from service.hub.disk import cache_failure, unwritable_cache
+from service.hub.ranged import RangedFile
 from service.images import external
 from service.model_source import HubReference, ModelSource
 from service.models import catalog
@@ -57,6 +59,7 @@ from service.models.embedded import EmbeddedModel
 from service.models.pool import ModelPool, memory_need
 from service.models.sources import _status_for
 from service.models.unjoined import UNJOINED, join
+from service.seekable import SeekableReader
 from service.serving import pulls
 from service.serving.pulls import Pulls
 from tests.conftest import GEMMA, SMOLLM, finished_of, make_settings, serving
@@ -421,6 +424,45 @@ def test_a_gguf_in_chunks_reads_as_the_file_they_join_into(tmp_path: Path) -> No
         chunk.write_bytes(data[start:end])
         chunks.append(chunk)
     assert describe_joined_gguf(chunks, "joined.gguf") == describe_gguf(model)
+
+
+@pytest.mark.parametrize("reader", ["chunks", "ranges"])
+def test_both_readers_seek_and_read_as_a_file_does(tmp_path: Path, reader: str) -> None:
+    """The chunks read as one and a hub file read by ranges share SeekableReader: each
+    seeks from the start, the position and the end, clamps before the start, keeps a
+    position past the end (reading nothing there) and reads across its seams."""
+    data = bytes(range(256)) * 4
+    file: SeekableReader
+    if reader == "chunks":
+        cuts = [0, 100, 100, 513, len(data)]  # an empty chunk too
+        chunks = []
+        for index, (start, end) in enumerate(itertools.pairwise(cuts)):
+            chunk = tmp_path / f"part{index}"
+            chunk.write_bytes(data[start:end])
+            chunks.append(chunk)
+        file = _Joined(chunks)
+    else:
+        file = RangedFile(lambda s, e: data[s:e], len(data), limit=1 << 20, what="w", block=64)
+    with file:
+        assert file.size == len(data)
+        assert (file.readable(), file.seekable(), file.tell()) == (True, True, 0)
+        assert file.seek(90) == 90
+        assert file.read(20) == data[90:110]  # across a seam
+        assert file.seek(-10, io.SEEK_CUR) == 100
+        assert file.seek(5, io.SEEK_CUR) == 105
+        assert file.read(3) == data[105:108]
+        assert file.seek(-4, io.SEEK_END) == len(data) - 4
+        assert file.read(100) == data[-4:]  # a short read at the end
+        assert file.tell() == len(data)
+        assert file.seek(10, io.SEEK_END) == len(data) + 10
+        assert file.read(5) == b""
+        assert file.tell() == len(data) + 10
+        assert file.seek(-5000, io.SEEK_CUR) == 0
+        assert file.seek(-1) == 0
+        with pytest.raises(KeyError):
+            file.seek(0, 3)
+        assert file.tell() == 0  # a refused seek does not move
+        assert file.readall() == data
 
 
 def test_gemmas_chunks_are_read_where_the_package_ships_them() -> None:

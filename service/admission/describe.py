@@ -55,6 +55,7 @@ from service.admission.quantization import (
 from service.errors import excerpt
 from service.hub.files import SPLIT_GGUF
 from service.memory import cells_per_sequence
+from service.seekable import SeekableReader
 
 KV_BYTES_PER_VALUE = 2  # f16 K and V caches, the default of both backends
 # config.json and model_index.json are a few KB; a larger one is not a config.
@@ -215,7 +216,7 @@ def _describe_joined_cached(name: str, files: tuple[_Stamp, ...]) -> ModelDescri
         return str(exc)
 
 
-class _Joined(io.RawIOBase):
+class _Joined(SeekableReader):
     """Files read as one, in order, without joining them: read-only, seekable."""
 
     def __init__(self, paths: Sequence[Path]) -> None:
@@ -229,37 +230,15 @@ class _Joined(io.RawIOBase):
         sizes = [os.fstat(file.fileno()).st_size for file in self._files]
         self._starts = [sum(sizes[:index]) for index in range(len(sizes))]
         self._ends = [start + size for start, size in zip(self._starts, sizes, strict=True)]
-        self.size = sum(sizes)
-        self._position = 0
+        super().__init__(sum(sizes))
 
-    def readable(self) -> bool:
-        return True
-
-    def seekable(self) -> bool:
-        return True
-
-    def tell(self) -> int:
-        return self._position
-
-    def seek(self, offset: int, whence: int = os.SEEK_SET) -> int:
-        base = {os.SEEK_SET: 0, os.SEEK_CUR: self._position, os.SEEK_END: self.size}[whence]
-        self._position = max(0, base + offset)
-        return self._position
-
-    def readinto(self, buffer: Any) -> int:
-        view = memoryview(buffer).cast("B")
-        done = 0
-        while done < len(view) and self._position < self.size:
-            index = bisect.bisect_right(self._starts, self._position) - 1
-            file = self._files[index]
-            file.seek(self._position - self._starts[index])
-            want = min(len(view) - done, self._ends[index] - self._position)
-            count = file.readinto(view[done : done + want])  # type: ignore[attr-defined]
-            if not count:  # a chunk shrank while being read
-                break
-            done += count
-            self._position += count
-        return done
+    def _read_at(self, position: int, into: memoryview) -> int:
+        index = bisect.bisect_right(self._starts, position) - 1
+        file = self._files[index]
+        file.seek(position - self._starts[index])
+        want = min(len(into), self._ends[index] - position)
+        # 0 (a short read) when a chunk shrank while being read
+        return file.readinto(into[:want]) or 0  # type: ignore[attr-defined]
 
     def close(self) -> None:
         for file in self._files:

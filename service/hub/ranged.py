@@ -11,12 +11,11 @@ refuses to fetch more than `limit` bytes for the file.
 
 from __future__ import annotations
 
-import io
 from collections import OrderedDict
 from collections.abc import Callable
-from typing import Any
 
 from service.hub.budget import BudgetSpent
+from service.seekable import SeekableReader
 
 BLOCK = 256 << 10
 KEPT_BLOCKS = 8
@@ -24,7 +23,7 @@ KEPT_BLOCKS = 8
 RUN_BLOCKS = 4
 
 
-class RangedFile(io.RawIOBase):
+class RangedFile(SeekableReader):
     """`fetch(start, end)` gives the file's bytes [start, end); `size` is the file's."""
 
     def __init__(
@@ -36,44 +35,21 @@ class RangedFile(io.RawIOBase):
         what: str,
         block: int = BLOCK,
     ) -> None:
+        super().__init__(size)
         self._fetch = fetch
-        self._size = size
         self._limit = limit
         self._what = what
         self._block = block
         self._kept: OrderedDict[int, bytes] = OrderedDict()
-        self._position = 0
         self._last_fetched = -2
         self.fetched = 0  # bytes fetched so far
 
-    def readable(self) -> bool:
-        return True
-
-    def seekable(self) -> bool:
-        return True
-
-    def tell(self) -> int:
-        return self._position
-
-    def seek(self, offset: int, whence: int = io.SEEK_SET) -> int:
-        base = {io.SEEK_SET: 0, io.SEEK_CUR: self._position, io.SEEK_END: self._size}[whence]
-        self._position = max(0, base + offset)
-        return self._position
-
-    def readinto(self, buffer: Any) -> int:
-        view = memoryview(buffer).cast("B")
-        end = min(self._position + len(view), self._size)
-        done = 0
-        while self._position < end:
-            index, offset = divmod(self._position, self._block)
-            data = self._get(index)
-            count = min(len(data) - offset, end - self._position)
-            if count <= 0:
-                break
-            view[done : done + count] = data[offset : offset + count]
-            done += count
-            self._position += count
-        return done
+    def _read_at(self, position: int, into: memoryview) -> int:
+        index, offset = divmod(position, self._block)
+        data = self._get(index)
+        count = max(0, min(len(data) - offset, len(into)))
+        into[:count] = data[offset : offset + count]
+        return count
 
     def _get(self, index: int) -> bytes:
         if index in self._kept:
@@ -82,7 +58,7 @@ class RangedFile(io.RawIOBase):
         # Reading on from the last fetch: fetch a few blocks in one request.
         run = RUN_BLOCKS if index == self._last_fetched + 1 else 1
         start = index * self._block
-        end = min(start + run * self._block, self._size)
+        end = min(start + run * self._block, self.size)
         if self.fetched + (end - start) > self._limit:
             raise BudgetSpent(
                 f"reading {self._what} would fetch more than {self._limit} bytes from the "
