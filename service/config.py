@@ -375,7 +375,8 @@ class ModelOptionSettings(BaseModel):
         "(greedy requests' argmax, and the best 128 candidates of sampled ones, come back "
         "instead of every row's logits); requests it cannot serve (a grammar, top logprobs, "
         "a top-k past 128) draw on the host in the same step. off: every draw on the host. "
-        "auto: on for a model on a GPU, off on the CPU.",
+        "auto: greedy requests' argmax in the graph for a model on a GPU (sampled ones "
+        "draw on the host, measured faster there), every draw on the host on the CPU.",
     )
     kv_layout: KvLayout = Field(
         default="auto",

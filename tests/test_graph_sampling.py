@@ -23,6 +23,7 @@ from service.backends.base import SequenceRequest
 from service.backends.batch_sampling import Row, sample_from_candidates, sample_rows
 from service.backends.llama_cpp import graph_sampling
 from service.backends.llama_cpp.backend import LlamaCppBackend, LlamaCppOptions, LlamaSequence
+from service.backends.names import top_candidates_in_graph
 from service.backends.native import graph_sampler
 from service.models.embedded import EMBEDDED_MODELS
 from service.text.requests import Grammar, SamplingParams
@@ -220,3 +221,25 @@ def test_a_draw_from_the_graphs_candidates_is_the_draw_from_the_whole_row() -> N
     shuffled = rng.permuted(best, axis=1).astype(np.int32)
     values = np.take_along_axis(logits, shuffled, axis=1)
     assert sample_from_candidates(shuffled, values, rows) == whole
+
+
+@pytest.mark.parametrize(
+    ("setting", "sampled_path"), [("on", graph_sampling.TOP), ("auto", graph_sampling.HOST)]
+)
+def test_auto_draws_only_greedy_rows_in_the_graph(setting: str, sampled_path: int) -> None:
+    """Measured on an H200, the graph's top-k made sampled decoding slower and its argmax
+    made greedy decoding faster (docs/gpu.md): "auto" keeps sampled rows on the host,
+    "on" takes both into the graph."""
+    graph = graph_sampling.GraphSampling(
+        2,
+        top_candidates=top_candidates_in_graph(setting),  # type: ignore[arg-type]
+    )
+    try:
+        greedy = graph_sampling.RowPath(True, True, GREEDY, logprobs=False)
+        sampled = graph_sampling.RowPath(False, True, SAMPLED, logprobs=False)
+        with_logprobs = graph_sampling.RowPath(True, True, GREEDY, logprobs=True)
+        assert graph.mode(greedy) == graph_sampling.GREEDY
+        assert graph.mode(sampled) == sampled_path
+        assert graph.mode(with_logprobs) == graph_sampling.HOST
+    finally:
+        graph.close()

@@ -51,6 +51,7 @@ from service.backends.names import (
     batch_size_on,
     kv_layout_on,
     sample_in_graph_on,
+    top_candidates_in_graph,
 )
 from service.backends.row_threads import RowThreads
 from service.backends.step_plan import Seat, plan_step
@@ -200,7 +201,10 @@ def _graph_sampling(options: LlamaCppOptions, off_cpu: bool) -> GraphSampling | 
                 "built: run `python -m service.backends.native.build_graph_sampler`"
             )
         return None
-    return GraphSampling(options.max_sequences + options.cached_sequences)
+    return GraphSampling(
+        options.max_sequences + options.cached_sequences,
+        top_candidates=top_candidates_in_graph(options.sample_in_graph),
+    )
 
 
 class LlamaCppBackend:
@@ -361,7 +365,7 @@ class LlamaCppBackend:
             cached_prompt_tokens=placement.reuse,
             pending=list(prompt[placement.reuse :]),
             top_logprobs=request.top_logprobs,
-            mode=path.mode if self._graph is not None else graph_sampling.HOST,
+            mode=self._graph.mode(path) if self._graph is not None else graph_sampling.HOST,
         )
 
     def step(

@@ -78,8 +78,11 @@ class PlannedRow:
 class GraphSampling:
     """The in-graph samplers of one context, and the shape of the last step."""
 
-    def __init__(self, sequences: int) -> None:
+    def __init__(self, sequences: int, top_candidates: bool = True) -> None:
+        """`top_candidates`: sampled rows take the TOP path; without it only greedy
+        rows are drawn in the graph and the rest take the HOST path."""
         self.samplers = GraphSamplers(sequences)
+        self._top_candidates = top_candidates
         self.samplers.set_top(GRAPH_TOP)
         self._shape: tuple[tuple[int, int, bool], ...] = ()
         self._modes: dict[int, int] = {}  # seq id -> its path in the last step
@@ -88,6 +91,12 @@ class GraphSampling:
     @staticmethod
     def available() -> bool:
         return graph_sampler.available()
+
+    def mode(self, path: RowPath) -> int:
+        """The path a row takes in this context."""
+        if path.mode == TOP and not self._top_candidates:
+            return HOST
+        return path.mode
 
     def attach(self, params: llama_cpp.llama_context_params) -> None:
         self.samplers.attach(params)
