@@ -52,6 +52,7 @@ from service.front import server as front_server
 from service.hub import disk
 from service.hub.disk import cache_failure, unwritable_cache
 from service.hub.ranged import RangedFile
+from service.hub.seekable import SeekableReader
 from service.images import external
 from service.model_source import HubReference, ModelSource
 from service.models import catalog
@@ -59,7 +60,6 @@ from service.models.embedded import EmbeddedModel
 from service.models.pool import ModelPool, memory_need
 from service.models.sources import _status_for
 from service.models.unjoined import UNJOINED, join
-from service.seekable import SeekableReader
 from service.serving import pulls
 from service.serving.pulls import Pulls
 from tests.conftest import GEMMA, SMOLLM, finished_of, make_settings, serving

@@ -54,8 +54,8 @@ from service.admission.quantization import (
 )
 from service.errors import excerpt
 from service.hub.files import SPLIT_GGUF
+from service.hub.seekable import SeekableReader
 from service.memory import cells_per_sequence
-from service.seekable import SeekableReader
 
 KV_BYTES_PER_VALUE = 2  # f16 K and V caches, the default of both backends
 # config.json and model_index.json are a few KB; a larger one is not a config.

@@ -15,7 +15,7 @@ from collections import OrderedDict
 from collections.abc import Callable
 
 from service.hub.budget import BudgetSpent
-from service.seekable import SeekableReader
+from service.hub.seekable import SeekableReader
 
 BLOCK = 256 << 10
 KEPT_BLOCKS = 8
