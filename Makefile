@@ -66,10 +66,11 @@ test-fast:
 container-prerequisites:
 	scripts/image/prerequisites.sh
 
-# The image deploy/kubernetes runs (Dockerfile), with podman or docker: the text image
-# (llama.cpp, no torch, diffusers, mlx or Envoy), VARIANT=full (or make image-full) the one
-# with image generation and mlx-lm, VARIANT=proxy (make image-proxy) the proxy pods' one. It prepares its wheels and models with the venv's pip and
-# packages, so it runs make install first where there is no venv (a fresh clone).
+# The images deploy/kubernetes runs, with podman or docker: the text image (Dockerfile;
+# llama.cpp, no torch, diffusers, mlx or Envoy), VARIANT=full (or make image-full) the one
+# with image generation and mlx-lm, VARIANT=proxy (make image-proxy, Dockerfile.proxy) the
+# proxy pods' one. It prepares its wheels and models with the venv's pip and packages, so
+# it runs make install first where there is no venv (a fresh clone).
 # BASE=IMAGE picks the base image (default python:3.11-slim-bookworm, from a registry;
 # make image-base makes one with debootstrap); IMAGE_TAG the tag.
 VARIANT ?= text
