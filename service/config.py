@@ -178,6 +178,50 @@ class ServerSettings(BaseModel):
         "(it holds no slot meanwhile); past it the request is answered 408 and its "
         "connection closed.",
     )
+    http_max_body_bytes: ByteSize = Field(
+        default=ByteSize(16 << 20),
+        gt=0,
+        description="Largest HTTP request body, by its Content-Length or as it arrives "
+        "(chunked too); past it 413 and the connection closed. The gRPC port's bound is "
+        "--max-receive-message-bytes.",
+    )
+    http_body_memory_bytes: ByteSize = Field(
+        default=ByteSize(256 << 20),
+        gt=0,
+        description="Bytes of HTTP request bodies the server holds while they arrive, all "
+        "requests together; a body that would pass it is answered 503 (retry).",
+    )
+    http_max_connections: int = Field(
+        default=1024,
+        gt=0,
+        description="Open HTTP connections at most (fewer if the file-descriptor limit "
+        "less --fd-reserve is lower); at the cap the longest-idle one is closed, or, all "
+        "busy, the new one is answered 503.",
+    )
+    http_max_connections_per_peer: int = Field(
+        default=256,
+        gt=0,
+        description="Open HTTP connections from one address at most (a proxy in front "
+        "counts as one address), at the cap treated as --http-max-connections.",
+    )
+    http_max_head_bytes: ByteSize = Field(
+        default=ByteSize(64 << 10),
+        ge=1024,
+        description="Bytes of one HTTP request's line and headers; past it 431 and the "
+        "connection closed.",
+    )
+    http_idle_seconds: float = Field(
+        default=10.0,
+        gt=0,
+        description="Seconds an HTTP connection may stay idle (before its first request, "
+        "while its headers arrive, between requests) before it is closed.",
+    )
+    fd_reserve: int = Field(
+        default=256,
+        ge=0,
+        description="File descriptors kept free of HTTP connections for the gRPC port, "
+        "engines and model files (the soft limit is first raised to the hard one).",
+    )
     http_cors_origins: str | None = Field(
         default=None,
         description="Origins whose browser pages may call the HTTP API, comma-separated "
