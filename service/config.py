@@ -476,6 +476,22 @@ class LimitSettings(BaseModel):
         description="Wall-clock ceiling on one generation; it then ends with finish "
         "reason TIME_LIMIT and keeps the text so far.",
     )
+    request_token_budget: int = Field(
+        default=300_000,
+        gt=0,
+        le=(1 << 31) - 1,
+        description="Tokens one Embed (/v1/embeddings) request's inputs may hold together, "
+        "counted with the model's tokenizer before any is evaluated, and tokens one Tokenize "
+        "answer may hold; past it INVALID_ARGUMENT (HTTP 400) at once. OpenAI's own bound.",
+    )
+    embed_batch_tokens: int = Field(
+        default=4096,
+        gt=0,
+        le=(1 << 31) - 1,
+        description="Tokens one embedding batch reads at most (never fewer than the model's "
+        "window): a request is evaluated batch by batch, each one progress for "
+        "--engine-stall-seconds, and other requests take turns between them.",
+    )
     max_concurrent: int = Field(
         default=32,
         gt=0,
