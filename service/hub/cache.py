@@ -7,129 +7,256 @@
       refs/<revision>              the commit a branch or tag resolved to
 
 transformers, `hf` and our own loader (service.models.sources) read this
-layout; the pull writes it. Every path here is made from parts that
-service.hub.trust checked, and each one is checked again, resolved, to lie
-inside the cache before anything is created: whatever the hub sent, nothing
-is written outside it.
+layout; the pull writes it. Every name here is made from parts that
+service.hub.trust checked, and every folder is opened from the cache's root
+through directory descriptors (service.hub.dirfd), one step at a time and
+never through a link, for writes, renames and deletions alike: a link planted
+or swapped in anywhere on the way is refused, so whatever the hub sent and
+whatever another account did meanwhile, nothing is written outside the cache.
 """
 
 from __future__ import annotations
 
 import contextlib
 import errno
+import fcntl
 import os
+import re
 import stat
 import uuid
-from pathlib import Path
+from collections.abc import Iterator
 from typing import BinaryIO
 
 import structlog
 from huggingface_hub.file_download import repo_folder_name
 
-from service.errors import AccessDenied
+from service.errors import AccessDenied, NotSupported, excerpt
+from service.hub import dirfd
+from service.hub.dirfd import OutsideCache
 from service.hub.trust import Digest, Hasher
 
 log = structlog.get_logger("hub")
 
+__all__ = ["OutsideCache", "RepoCache"]
+
 PARTIAL_SUFFIX = ".incomplete"
 # Files are hashed this much at a time.
 _READ_BLOCK = 1 << 20
-
-
-class OutsideCache(AccessDenied):
-    """A path the cache would use resolves outside it (a planted symbolic link)."""
-
-    def __init__(self, path: str, root: str) -> None:
-        super().__init__(
-            f"{path} in the hub cache leads outside it (to {os.path.realpath(path)}): this "
-            f"server writes and deletes only inside {root}. Replace the link with a folder, "
-            "or point --hf-cache-dir at the folder it leads to"
-        )
-        self.path = path
+COMMIT = re.compile(r"[0-9a-f]{40}")
 
 
 class RepoCache:
-    def __init__(self, cache_dir: Path, repo_id: str) -> None:
+    def __init__(self, cache_dir: os.PathLike[str] | str, repo_id: str) -> None:
         self.root = os.path.realpath(cache_dir)
-        self.folder = os.path.join(self.root, repo_folder_name(repo_id=repo_id, repo_type="model"))
+        self.name = repo_folder_name(repo_id=repo_id, repo_type="model")
+        # Paths for messages and for matching loaded models; never opened by name.
+        self.folder = os.path.join(self.root, self.name)
 
-    def blob(self, digest: Digest) -> str:
-        return os.path.join(self.folder, "blobs", digest.hex)
+    # --- folders -----------------------------------------------------------------------
 
-    def partial(self, digest: Digest) -> str:
-        return self.blob(digest) + PARTIAL_SUFFIX
+    @contextlib.contextmanager
+    def at(self, *parts: str, create: bool = False) -> Iterator[int]:
+        """The folder `parts` of the repo's folder, walked from the cache's root."""
+        with self.at_root(self.name, *parts, create=create) as fd:
+            yield fd
 
-    def lock(self, digest: Digest) -> str:
-        """Where huggingface_hub locks a blob while it writes it: taking the same lock
-        keeps this server, another one and `hf download` off each other's files."""
-        return os.path.join(
-            self.root, ".locks", os.path.basename(self.folder), f"{digest.hex}.lock"
-        )
+    @contextlib.contextmanager
+    def at_root(self, *parts: str, create: bool = False) -> Iterator[int]:
+        """The folder `parts` of the cache's root, walked without following a link."""
+        with (
+            dirfd.opened(dirfd.open_root(self.root, create=create)) as root,
+            dirfd.folder(root, parts, create=create, label=self.root) as fd,
+        ):
+            yield fd
 
-    def snapshot_file(self, commit: str, name: str) -> str:
-        return os.path.join(self.folder, "snapshots", commit, name)
+    def path(self, *parts: str) -> str:
+        return os.path.join(self.folder, *parts)
 
     def prepare(self) -> None:
         """blobs/ and snapshots/: a folder with both is one the cache scanner lists,
         interrupted pulls included."""
         for folder in ("blobs", "snapshots"):
-            self.make_parent(os.path.join(self.folder, folder, "-"))
+            with self.at(folder, create=True):
+                pass
 
-    def make_parent(self, path: str) -> None:
-        """Create `path`'s folder, refusing one that resolves outside the cache."""
-        parent = os.path.dirname(path)
-        self.check_inside(parent)
-        os.makedirs(parent, exist_ok=True)
-        self.check_inside(parent)  # a link planted between the check and the creation
+    def lock(self, digest: Digest) -> int:
+        """The file huggingface_hub locks (flock) while it writes a blob, opened to lock:
+        taking the same lock keeps this server, another one and `hf download` off each
+        other's files. A link planted in its place is removed as a link."""
+        name = f"{digest.hex}.lock"
+        with self.at_root(".locks", self.name, create=True) as fd:
+            label = os.path.join(self.root, ".locks", self.name, name)
+            if dirfd.is_link(fd, name):
+                dirfd.unlink(fd, name)
+                log.warning("removed a link planted in the hub cache", path=label)
+            return dirfd.open_file(fd, name, os.O_RDWR | os.O_CREAT, label=label)
 
-    def check_inside(self, path: str) -> None:
-        real = os.path.realpath(path)
-        if real != self.root and not real.startswith(self.root + os.sep):
-            raise OutsideCache(path, self.root)
+    # --- blobs -------------------------------------------------------------------------
+
+    def verified(self, digest: Digest, size: int) -> bool:
+        """Whether blobs/<hash> is a file (not a link) of `size` bytes hashing to `digest`."""
+        try:
+            with self.at("blobs") as fd:
+                return verified_at(fd, digest.hex, size, digest)
+        except (FileNotFoundError, NotADirectoryError):
+            return False
+
+    def has_blob(self, digest: Digest) -> bool:
+        try:
+            with self.at("blobs") as fd:
+                return dirfd.entry(fd, digest.hex) is not None
+        except (FileNotFoundError, NotADirectoryError):
+            return False
+
+    def remove_blob(self, digest: Digest) -> None:
+        with contextlib.suppress(FileNotFoundError), self.at("blobs") as fd:
+            dirfd.unlink(fd, digest.hex)
+
+    def partial_size(self, digest: Digest) -> int | None:
+        """The bytes of blobs/<hash>.incomplete, if it is a file of the cache's own."""
+        try:
+            with self.at("blobs") as fd:
+                name = digest.hex + PARTIAL_SUFFIX
+                if planted(fd, name) is not None:
+                    return None
+                info = dirfd.entry(fd, name)
+                return None if info is None else info.st_size
+        except (FileNotFoundError, NotADirectoryError):
+            return None
+
+    def drop_planted_partial(self, digest: Digest) -> None:
+        with self.at("blobs") as fd:
+            name = digest.hex + PARTIAL_SUFFIX
+            drop_planted(fd, name, self.path("blobs", name))
+
+    def remove_partial(self, digest: Digest) -> None:
+        with contextlib.suppress(FileNotFoundError), self.at("blobs") as fd:
+            dirfd.unlink(fd, digest.hex + PARTIAL_SUFFIX)
+
+    def open_partial(self, digest: Digest) -> BinaryIO:
+        """The partial file to write, the cache's own: created, or one an earlier pull
+        left. A link planted in its place is removed and the file started afresh; one
+        planted between the check and the opening is refused. blobs/ must exist (a
+        repo deleted under the pull is not made again here)."""
+        name = digest.hex + PARTIAL_SUFFIX
+        label = self.path("blobs", name)
+        with self.at("blobs") as fd:
+            drop_planted(fd, name, label)
+            try:
+                descriptor = dirfd.open_file(fd, name, os.O_RDWR | os.O_CREAT, label=label)
+            except AccessDenied:
+                raise AccessDenied(f"{label} in the hub cache became a link: not written") from None
+        info = os.fstat(descriptor)
+        if not stat.S_ISREG(info.st_mode) or info.st_nlink != 1:
+            os.close(descriptor)
+            raise AccessDenied(f"{label} in the hub cache gained another name: not written")
+        return os.fdopen(descriptor, "r+b")
+
+    def hash_partial(self, digest: Digest, hasher: Hasher, limit: int | None = None) -> int:
+        with self.at("blobs") as fd:
+            return hash_at(fd, digest.hex + PARTIAL_SUFFIX, hasher, limit)
+
+    def complete(self, digest: Digest) -> None:
+        """The verified partial file becomes blobs/<hash>, atomically."""
+        with self.at("blobs") as fd:
+            os.rename(digest.hex + PARTIAL_SUFFIX, digest.hex, src_dir_fd=fd, dst_dir_fd=fd)
+
+    # --- snapshots and refs ------------------------------------------------------------
 
     def link(self, commit: str, name: str, digest: Digest) -> None:
         """snapshots/<commit>/<name> -> the blob, replaced atomically if it was there."""
-        path = self.snapshot_file(commit, name)
-        self.make_parent(path)
-        target = os.path.relpath(self.blob(digest), os.path.dirname(path))
-        temporary = f"{path}.{uuid.uuid4().hex}.link"
-        os.symlink(target, temporary)
-        try:
-            os.replace(temporary, path)
-        except OSError:
-            os.unlink(temporary)
-            raise
+        *folders, base = dirfd.parts_of(name)
+        parts = ["snapshots", commit, *folders]
+        target = "../" * len(parts) + f"blobs/{digest.hex}"
+        temporary = f"{base}.{uuid.uuid4().hex}.link"
+        with self.at(*parts, create=True) as fd:
+            os.symlink(target, temporary, dir_fd=fd)
+            try:
+                os.rename(temporary, base, src_dir_fd=fd, dst_dir_fd=fd)
+            except OSError:
+                dirfd.unlink(fd, temporary)
+                raise
 
     def unlink(self, commit: str, name: str) -> None:
-        remove(self.snapshot_file(commit, name))
+        *folders, base = dirfd.parts_of(name)
+        with (
+            contextlib.suppress(FileNotFoundError, NotADirectoryError),
+            self.at("snapshots", commit, *folders) as fd,
+        ):
+            dirfd.unlink(fd, base)
 
     def linked_blob(self, commit: str, name: str) -> str | None:
-        """The blob a snapshot entry links to, if it is a link into this repo's blobs."""
-        path = self.snapshot_file(commit, name)
-        if not os.path.islink(path):
+        """The blob a snapshot entry links to (its name in blobs/), if it is a link as the
+        cache makes them: relative, up to the repo's folder, then one entry of blobs/."""
+        *folders, base = dirfd.parts_of(name)
+        parts = ["snapshots", commit, *folders]
+        try:
+            with self.at(*parts) as fd:
+                return blob_named(dirfd.read_link(fd, base), len(parts))
+        except (FileNotFoundError, NotADirectoryError):
             return None
-        real = os.path.realpath(path)
-        blobs = os.path.join(self.folder, "blobs") + os.sep
-        return real if real.startswith(blobs) else None
 
     def write_ref(self, revision: str, commit: str) -> None:
         """refs/<revision> holds the commit, so the revision's name finds the snapshot."""
-        path = os.path.join(self.folder, "refs", revision)
-        self.make_parent(path)
-        temporary = f"{path}.{uuid.uuid4().hex}.ref"
-        flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
-        with os.fdopen(os.open(temporary, flags, 0o644), "w") as file:
-            file.write(commit)
-        os.replace(temporary, path)  # replaces a link planted there, never its target
+        *folders, base = dirfd.parts_of(revision)
+        temporary = f"{base}.{uuid.uuid4().hex}.ref"
+        with self.at("refs", *folders, create=True) as fd:
+            flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL
+            label = self.path("refs", revision)
+            with os.fdopen(dirfd.open_file(fd, temporary, flags, label=label), "w") as file:
+                file.write(commit)
+            # Replaces a link planted there, never its target.
+            os.rename(temporary, base, src_dir_fd=fd, dst_dir_fd=fd)
+
+    def read_ref(self, revision: str) -> str | None:
+        """The commit refs/<revision> holds; None if there is no such ref. A ref that
+        holds anything but a commit id (a path, say) is refused, never followed."""
+        *folders, base = dirfd.parts_of(revision)
+        try:
+            with self.at("refs", *folders) as fd:
+                return ref_commit(fd, base, self.path("refs", revision))
+        except (FileNotFoundError, NotADirectoryError):
+            return None
 
 
-def planted(path: str) -> str | None:
+def blob_named(target: str | None, depth: int) -> str | None:
+    """The entry of blobs/ a snapshot link's own text names, for a link `depth` folders
+    below the repo's folder; None for any other text (absolute, elsewhere, deeper)."""
+    prefix = "../" * depth + "blobs/"
+    if target is None or not target.startswith(prefix):
+        return None
+    name = target[len(prefix) :]
+    return name if name not in ("", ".", "..") and "/" not in name else None
+
+
+def ref_commit(fd: int, name: str, label: str) -> str | None:
+    """The commit id a ref file holds (None if absent); NotSupported for other text."""
+    try:
+        descriptor = dirfd.open_file(fd, name, os.O_RDONLY, label=label)
+    except FileNotFoundError:
+        return None
+    except AccessDenied:
+        raise NotSupported(
+            f"{label} in the hub cache is a link, not a ref file: this server will not "
+            "follow it; remove it, or pull the revision again"
+        ) from None
+    with os.fdopen(descriptor, "rb") as file:
+        text = file.read(128)
+    commit = text.decode("ascii", "replace").strip()
+    if COMMIT.fullmatch(commit) is None:
+        raise NotSupported(
+            f"{label} in the hub cache holds {excerpt(commit)}, not a commit id (40 hex "
+            "digits): this server will not follow it; remove it, or pull the revision again"
+        )
+    return commit
+
+
+def planted(fd: int, name: str) -> str | None:
     """What makes an entry the cache would write through not its own: a symbolic
     link, something other than a file, a file with other names. None if it is fine
     (or absent)."""
-    try:
-        info = os.lstat(path)
-    except FileNotFoundError:
+    info = dirfd.entry(fd, name)
+    if info is None:
         return None
     if stat.S_ISLNK(info.st_mode):
         return "a symbolic link"
@@ -140,54 +267,26 @@ def planted(path: str) -> str | None:
     return None
 
 
-def drop_planted(path: str) -> None:
-    """Remove what `planted` found at `path` (the link itself, never what it leads to)."""
-    why = planted(path)
+def drop_planted(fd: int, name: str, label: str) -> None:
+    """Remove what `planted` found (the link itself, never what it leads to)."""
+    why = planted(fd, name)
     if why is None:
         return
     if why == "not a regular file":
         raise AccessDenied(
-            f"{path} in the hub cache is not a regular file: this server will not write "
+            f"{label} in the hub cache is not a regular file: this server will not write "
             "through it; remove it"
         )
-    remove(path)
-    log.warning("removed a link planted in the hub cache", path=path, was=why)
+    dirfd.unlink(fd, name)
+    log.warning("removed a link planted in the hub cache", path=label, was=why)
 
 
-def open_partial(path: str) -> BinaryIO:
-    """A partial file to write, the cache's own: created, or one an earlier pull left.
-    A link planted in its place is removed and the file started afresh; one planted
-    between the check and the opening is refused."""
-    drop_planted(path)
-    flags = os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC
-    try:
-        descriptor = os.open(path, flags, 0o644)
-    except OSError as exc:
-        if exc.errno == errno.ELOOP:
-            raise AccessDenied(f"{path} in the hub cache became a link: not written") from exc
-        raise
-    info = os.fstat(descriptor)
-    if not stat.S_ISREG(info.st_mode) or info.st_nlink != 1:
-        os.close(descriptor)
-        raise AccessDenied(f"{path} in the hub cache gained another name: not written")
-    return os.fdopen(descriptor, "r+b")
-
-
-def file_size(path: str) -> int | None:
-    """The size of a file the cache may use as its own (not a link); None otherwise."""
-    if planted(path) is not None:
-        return None
-    try:
-        return os.lstat(path).st_size
-    except FileNotFoundError:
-        return None
-
-
-def hash_file(path: str, hasher: Hasher, limit: int | None = None) -> int:
+def hash_at(fd: int, name: str, hasher: Hasher, limit: int | None = None) -> int:
     """Feed a file's bytes (its first `limit`) to `hasher`; the count fed. A link is
     not followed (OSError)."""
     fed = 0
-    with os.fdopen(os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC), "rb") as file:
+    descriptor = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=fd)
+    with os.fdopen(descriptor, "rb") as file:
         while limit is None or fed < limit:
             want = _READ_BLOCK if limit is None else min(_READ_BLOCK, limit - fed)
             block = file.read(want)
@@ -198,20 +297,26 @@ def hash_file(path: str, hasher: Hasher, limit: int | None = None) -> int:
     return fed
 
 
-def verified(path: str, size: int, digest: Digest) -> bool:
-    """Whether a file (not a link to one) holds exactly the `size` bytes that hash to
-    `digest`."""
+def verified_at(fd: int, name: str, size: int, digest: Digest) -> bool:
+    """Whether an entry (not a link) is a file of exactly the `size` bytes that hash
+    to `digest`."""
     try:
-        info = os.lstat(path)
-        if not stat.S_ISREG(info.st_mode) or info.st_size != size:
+        info = dirfd.entry(fd, name)
+        if info is None or not stat.S_ISREG(info.st_mode) or info.st_size != size:
             return False
         hasher = digest.hasher(size)
-        hash_file(path, hasher)
+        hash_at(fd, name, hasher)
     except OSError:
         return False
     return hasher.hexdigest() == digest.hex
 
 
-def remove(path: str) -> None:
-    with contextlib.suppress(FileNotFoundError):
-        os.unlink(path)
+def take_lock(descriptor: int) -> bool:
+    """An exclusive flock on an open lock file, if it is free now."""
+    try:
+        fcntl.flock(descriptor, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError as exc:
+        if exc.errno in (errno.EAGAIN, errno.EWOULDBLOCK, errno.EACCES):
+            return False
+        raise
+    return True

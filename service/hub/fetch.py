@@ -18,7 +18,10 @@ layout (service.hub.cache):
 - the file is hashed as it is written (sha256 for LFS files, the git blob id
   for small ones; the bytes kept from an earlier attempt are hashed from the
   disk), and only a match moves it, atomically, to `blobs/<hash>` and links it
-  into the snapshot: a mismatch deletes it and is DATA_LOSS.
+  into the snapshot: a mismatch deletes it and is DATA_LOSS;
+- every file is opened, renamed and linked through the folders' descriptors
+  (service.hub.cache, service.hub.dirfd): a folder swapped for a link while the
+  body arrives makes the next step PERMISSION_DENIED, never a write outside.
 """
 
 from __future__ import annotations
@@ -34,30 +37,19 @@ from typing import BinaryIO
 from urllib.parse import quote
 
 import httpx2
-import structlog
-from filelock import FileLock, Timeout
 
 from service.errors import DataLoss, ModelNotFound, Unavailable, excerpt
-from service.hub.cache import (
-    RepoCache,
-    drop_planted,
-    file_size,
-    hash_file,
-    open_partial,
-    remove,
-    verified,
-)
+from service.hub.cache import RepoCache, take_lock
 from service.hub.client import HubClient, refusal_of
 from service.hub.disk import NO_ROOM, disk_full
 from service.hub.trust import Digest, Hasher, check_etag
 
-log = structlog.get_logger("hub")
-
 # Attempts at one file within one pull, and the pause before each retry.
 ATTEMPTS = 4
 _BACKOFF = (0.5, 1.0, 2.0)
-# How often a pull waiting for another's lock on a file looks whether it is still wanted.
-_LOCK_POLL = 0.5
+# How often a pull waiting for another's lock on a file tries it again (and looks
+# whether it is still wanted).
+_LOCK_POLL_STEP = 0.05
 _CONTENT_RANGE = re.compile(r"bytes (\d+)-(\d+)/(\d+)")
 
 
@@ -91,41 +83,35 @@ class FileFetch:
     def fetch(self, file: HubFile) -> None:
         """Fetch, verify and link one file; its partial is kept if this fails midway."""
         with self._locked(file.digest):
-            if verified(self.cache.blob(file.digest), file.size, file.digest):
+            if self.cache.verified(file.digest, file.size):
                 self.cache.link(self.commit, file.name, file.digest)  # fetched meanwhile
                 return
             self._fetch(file)
 
     @contextmanager
     def _locked(self, digest: Digest) -> Iterator[None]:
-        """The blob's lock, waited for while the pull still has a caller."""
-        path = self.cache.lock(digest)
-        self.cache.make_parent(path)
-        if os.path.islink(path):  # filelock refuses a link (ELOOP): one planted goes
-            remove(path)
-            log.warning("removed a link planted in the hub cache", path=path)
-        lock = FileLock(path)
-        while True:
-            try:
-                lock.acquire(timeout=_LOCK_POLL)
-                break
-            except Timeout:
-                if self.cancelled.is_set():
-                    raise Cancelled() from None
+        """The blob's lock, waited for while the pull still has a caller. The lock file
+        is opened through the cache's folders (huggingface_hub's filelock would open it
+        by path) and locked with flock, as filelock locks it."""
+        descriptor = self.cache.lock(digest)
         try:
-            yield
+            while not take_lock(descriptor):
+                if self.cancelled.is_set():
+                    raise Cancelled()
+                time.sleep(_LOCK_POLL_STEP)
+            yield  # the lock goes with the descriptor
         finally:
-            lock.release()
+            os.close(descriptor)
 
     def _fetch(self, file: HubFile) -> None:
-        partial = self.cache.partial(file.digest)
-        self.cache.make_parent(partial)
+        with self.cache.at("blobs", create=True):
+            pass
         failure: Exception | None = None
         for attempt in range(ATTEMPTS):
             if attempt:
                 time.sleep(_BACKOFF[min(attempt - 1, len(_BACKOFF) - 1)])
             try:
-                hasher = self._attempt(file, partial)
+                hasher = self._attempt(file)
                 break
             except _Retry as exc:
                 failure = exc
@@ -135,32 +121,42 @@ class FileFetch:
                 f"{excerpt(self.repo_id)} whole after {ATTEMPTS} attempts ({failure}); what "
                 "arrived is kept, and the next pull continues from there"
             )
-        self._finish(file, partial, hasher)
+        self._finish(file, hasher)
 
-    def _attempt(self, file: HubFile, partial: str) -> Hasher:
+    def _attempt(self, file: HubFile) -> Hasher:
         """One request for what the partial file lacks; the hash of the whole file."""
-        have = _partial_size(partial, file.size)
+        have = self._partial_size(file)
         hasher = file.digest.hasher(file.size)
         if have == file.size:
-            hash_file(partial, hasher)
+            self.cache.hash_partial(file.digest, hasher)
             return hasher
         with self._response(file, have) as (response, start):
             if start:  # the bytes kept from before are hashed from the disk, once
-                hash_file(partial, hasher, limit=start)
-            self._receive(file, partial, response, start, hasher)
+                self.cache.hash_partial(file.digest, hasher, limit=start)
+            self._receive(file, response, start, hasher)
         return hasher
 
-    def _finish(self, file: HubFile, partial: str, hasher: Hasher) -> None:
+    def _partial_size(self, file: HubFile) -> int:
+        """Bytes an earlier attempt left, or 0 (a partial longer than the file is dropped,
+        and so is a link planted in its place: removed as a link, nothing followed)."""
+        self.cache.drop_planted_partial(file.digest)
+        have = self.cache.partial_size(file.digest) or 0
+        if have > file.size:
+            self.cache.remove_partial(file.digest)
+            return 0
+        return have
+
+    def _finish(self, file: HubFile, hasher: Hasher) -> None:
         """The hash of what was written decides: into place, or deleted."""
         if hasher.hexdigest() != file.digest.hex:
-            remove(partial)
+            self.cache.remove_partial(file.digest)
             raise DataLoss(
                 f"{excerpt(file.name)} of {excerpt(self.repo_id)} arrived with the listed size "
                 f"but its {file.digest.algorithm} is {hasher.hexdigest()[:16]}..., not the "
                 f"{file.digest.hex[:16]}... the hub lists: the copy was deleted; pull again, "
                 "and check --hf-endpoint if it happens again"
             )
-        os.replace(partial, self.cache.blob(file.digest))
+        self.cache.complete(file.digest)
         self.cache.link(self.commit, file.name, file.digest)
 
     # --- one request -----------------------------------------------------------------
@@ -237,17 +233,17 @@ class FileFetch:
     # --- the body ----------------------------------------------------------------------
 
     def _receive(
-        self, file: HubFile, partial: str, response: httpx2.Response, start: int, hasher: Hasher
+        self, file: HubFile, response: httpx2.Response, start: int, hasher: Hasher
     ) -> None:
         """Write the body after the partial's first `start` bytes, no further than the size."""
         try:
-            with open_partial(partial) as out:
+            with self.cache.open_partial(file.digest) as out:
                 out.seek(start)
                 out.truncate()
-                self._copy(file, response, out, start, hasher, partial)
+                self._copy(file, response, out, start, hasher)
         except OSError as exc:
-            if exc.errno in NO_ROOM:
-                remove(partial)  # the disk is full for everyone: give the space back
+            if exc.errno in NO_ROOM:  # the disk is full for everyone: give the space back
+                self.cache.remove_partial(file.digest)
                 raise disk_full(self.cache.root, f"pulling {excerpt(file.name)}") from exc
             raise
         except httpx2.TransportError as exc:  # the body ended early: the bytes so far stay
@@ -260,7 +256,6 @@ class FileFetch:
         out: BinaryIO,
         start: int,
         hasher: Hasher,
-        partial: str,
     ) -> None:
         """The body into the file and the hash, as it arrives."""
         written = start
@@ -271,7 +266,7 @@ class FileFetch:
                 raise Cancelled()
             if written + len(chunk) > file.size:
                 out.close()
-                remove(partial)
+                self.cache.remove_partial(file.digest)
                 raise DataLoss(
                     f"the hub sent more than the {file.size} bytes it lists for "
                     f"{excerpt(file.name)} of {excerpt(self.repo_id)}: the copy was deleted. "
@@ -284,14 +279,3 @@ class FileFetch:
         out.flush()
         if written < file.size:
             raise _Retry(f"the body ended at byte {written} of {file.size}")
-
-
-def _partial_size(partial: str, size: int) -> int:
-    """Bytes an earlier attempt left, or 0 (a partial longer than the file is dropped,
-    and so is a link planted in its place: removed as a link, nothing followed)."""
-    drop_planted(partial)
-    have = file_size(partial) or 0
-    if have > size:
-        remove(partial)
-        return 0
-    return have

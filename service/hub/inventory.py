@@ -3,19 +3,33 @@
 huggingface_hub's own cache scanner reads the layout (the same one `hf cache
 ls` shows); this adds the partial files of interrupted pulls to each repo.
 
-A deletion (a repo, or one revision of it by branch, tag or commit) is ours,
-not the scanner's plan: that one deletes whatever a snapshot's links resolve
-to, and a link planted in a snapshot led it to delete a file outside the
-cache. Here links are removed as links, a blob is deleted only if it is an
-entry of the repo's own blobs/ that a snapshot's link names directly, the
-repo's folder itself must not be a link, and "freed" counts only files whose
-last name went (what the file system really gives back).
+A deletion is ours, not the scanner's plan (that one deletes whatever a
+snapshot's links resolve to, and a link planted in a snapshot led it to
+delete a file outside the cache). It removes exactly what was named:
+
+- `owner/name`: the repo's folder, interrupted pulls included;
+- `owner/name@REV`: that revision's snapshot (REV a commit, or a branch or tag
+  whose ref file holds one), the refs naming it, and the blobs no other
+  snapshot links to;
+- `owner/name[@REV]:FILE`: that file of that revision (main if none is named),
+  or the GGUF a quantization tag picks with its parts, and its blob if no other
+  snapshot links to it; a name that matches nothing is refused.
+
+A ref file is read as a 40-hex commit id, or the deletion is refused: its text
+never becomes a path. Every folder is opened through directory descriptors
+from the cache's root (service.hub.dirfd), never through a link, so a link
+planted anywhere (the repo's folder, blobs/, a snapshot) or swapped in while
+the deletion runs is removed as a link or refused, never followed; a blob is
+deleted only as an entry of the repo's own blobs/ that a snapshot's link names
+by its text, and "freed" counts only files whose last name went (what the file
+system really gives back).
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
-import shutil
+import posixpath
 import stat
 from collections import defaultdict
 from dataclasses import dataclass, field
@@ -23,8 +37,10 @@ from pathlib import Path
 
 from huggingface_hub import CachedRepoInfo, scan_cache_dir
 
-from service.errors import ModelNotFound, excerpt
-from service.hub.cache import OutsideCache, RepoCache, remove
+from service.errors import InvalidRequest, ModelNotFound, NotSupported, excerpt
+from service.hub import dirfd
+from service.hub.cache import COMMIT, OutsideCache, RepoCache, blob_named, ref_commit
+from service.hub.files import SPLIT_GGUF, gguf_parts, pick_gguf
 from service.model_source import HubReference
 
 
@@ -67,146 +83,193 @@ def cached_models(cache_dir: Path) -> list[CachedModel]:
 
 
 def delete_cached(cache_dir: Path, hub: HubReference) -> tuple[list[str], int]:
-    """Delete a repo (no revision) or one revision of it: the commits deleted, and the
-    bytes the file system gave back (files whose last name went; 0 for links)."""
+    """Delete what `hub` names: a repo (`owner/name`), one revision of it (`@REV`), or
+    one file of a revision (`:FILE`, of main when no revision is named). The commits
+    touched, and the bytes the file system gave back (files whose last name went)."""
     cache = RepoCache(cache_dir, hub.repo_id)
     _check_folder(cache, hub.repo_id)
-    if hub.revision is None:
+    if hub.revision is None and hub.file is None:
         return _delete_repo(cache)
-    commits = _commits_named(cache, hub.revision)
+    _check_inner_folders(cache)
+    commits = _commits_named(cache, hub.revision or "main")
     if not commits:
         raise ModelNotFound(
-            f"the hub cache holds no revision {excerpt(hub.revision)} of {excerpt(hub.repo_id)}"
+            f"the hub cache holds no revision {excerpt(hub.revision or 'main')} of "
+            f"{excerpt(hub.repo_id)}"
         )
-    freed = 0
-    for commit in commits:
-        freed += _delete_revision(cache, commit)
-    return commits, freed
+    if hub.file is not None:
+        if len(commits) > 1:
+            raise InvalidRequest(
+                f"{excerpt(str(hub))}: the revision names {len(commits)} cached commits; "
+                "name the file's commit with @COMMIT"
+            )
+        return commits, _delete_files(cache, commits[0], hub)
+    return commits, sum(_delete_revision(cache, commit) for commit in commits)
 
 
 def snapshot_folder(cache_dir: Path, hub: HubReference) -> str | None:
-    """The folder whose files a deletion of `hub` removes: a revision's snapshot, or
-    the repo's folder (None if the revision is not cached)."""
+    """The folder whose files a deletion of `hub` removes: a revision's snapshot (for
+    `:FILE` too), or the repo's folder (None if the revision is not cached)."""
     cache = RepoCache(cache_dir, hub.repo_id)
-    if hub.revision is None:
+    if hub.revision is None and hub.file is None:
         return cache.folder
-    commits = _commits_named(cache, hub.revision) if os.path.isdir(cache.folder) else []
-    return os.path.join(cache.folder, "snapshots", commits[0]) if len(commits) == 1 else None
+    try:
+        commits = _commits_named(cache, hub.revision or "main")
+    except (OSError, OutsideCache):
+        return None  # the deletion itself says what is wrong
+    return cache.path("snapshots", commits[0]) if len(commits) == 1 else None
 
 
 def _check_folder(cache: RepoCache, repo_id: str) -> None:
     """The repo's folder is a folder inside the cache: a link is refused, not followed."""
     try:
-        info = os.lstat(cache.folder)
-    except FileNotFoundError:
+        with cache.at():
+            pass
+    except (FileNotFoundError, NotADirectoryError):
         raise ModelNotFound(f"the hub cache holds no copy of {excerpt(repo_id)}") from None
-    if stat.S_ISLNK(info.st_mode):
-        raise OutsideCache(cache.folder, cache.root)
-    if not stat.S_ISDIR(info.st_mode):
-        raise ModelNotFound(f"the hub cache holds no copy of {excerpt(repo_id)}")
+
+
+def _check_inner_folders(cache: RepoCache) -> None:
+    """blobs/, snapshots/ and refs/ are folders (or absent), not links: a deletion of
+    part of a repo is refused before it removes anything if one is a link."""
+    for name in ("blobs", "snapshots", "refs"):
+        with contextlib.suppress(FileNotFoundError, NotADirectoryError), cache.at(name):
+            pass
 
 
 def _delete_repo(cache: RepoCache) -> tuple[list[str], int]:
     """The whole repo folder, interrupted pulls included; links inside it go as links."""
-    snapshots = os.path.join(cache.folder, "snapshots")
-    commits = sorted(os.listdir(snapshots)) if os.path.isdir(snapshots) else []
-    freed = sum(_freed_by_unlinking(path) for path in _entries(cache.folder))
-    shutil.rmtree(cache.folder)  # never follows a link (fd-based on Linux)
+    commits = sorted(c for c in _snapshot_names(cache) if COMMIT.fullmatch(c))
+    with cache.at_root() as root:
+        freed = dirfd.remove_tree(root, cache.name)
     return commits, freed
 
 
 def _delete_revision(cache: RepoCache, commit: str) -> int:
     """A snapshot, the refs naming it, and the blobs no other snapshot links to."""
-    snapshot = os.path.join(cache.folder, "snapshots", commit)
-    blobs = _linked_blobs(cache, snapshot)
+    blobs = _linked_blobs(cache, commit)
+    with cache.at("snapshots") as snapshots:
+        freed = dirfd.remove_tree(snapshots, commit)  # a link goes as a link
+    with contextlib.suppress(FileNotFoundError, NotADirectoryError), cache.at("refs") as refs:
+        for fd, name, relative in dirfd.walk_files(refs):  # each fd open while its entry is
+            if _ref_or_none(cache, fd, name, relative) == commit:
+                dirfd.unlink(fd, name)
+    return freed + _delete_unlinked_blobs(cache, blobs)
+
+
+def _delete_files(cache: RepoCache, commit: str, hub: HubReference) -> int:
+    """One file of a snapshot (or, for a quantization tag, the GGUF it picks, with its
+    parts): the snapshot's entries, and their blobs if no other snapshot links to them."""
+    assert hub.file is not None
+    with cache.at("snapshots", commit) as snapshot:
+        names = [relative for _, _, relative in dirfd.walk_files(snapshot)]
+    doomed = _files_named(names, hub.file, str(hub))
+    blobs: set[str] = set()
     freed = 0
-    if os.path.islink(snapshot):
-        remove(snapshot)  # the link, not where it leads
-    else:
-        freed += sum(_freed_by_unlinking(path) for path in _entries(snapshot))
-        shutil.rmtree(snapshot)
-    for ref in _refs(cache):
-        if _ref_commit(ref) == commit:
-            remove(ref)
+    for name in doomed:
+        *folders, base = dirfd.parts_of(name)
+        with cache.at("snapshots", commit, *folders) as fd:
+            blob = blob_named(dirfd.read_link(fd, base), 2 + len(folders))
+            if blob is not None:
+                blobs.add(blob)
+            freed += dirfd.freed_by_unlinking(dirfd.entry(fd, base))
+            dirfd.unlink(fd, base)
+        _prune_empty(cache, commit, folders)
+    return freed + _delete_unlinked_blobs(cache, blobs)
+
+
+def _files_named(names: list[str], file: str, label: str) -> list[str]:
+    """The snapshot's files `:FILE` names: that file exactly, else the GGUF a quantization
+    tag picks (every part of a split one). Refused (NOT_FOUND, or INVALID_ARGUMENT when
+    the tag is ambiguous) when nothing matches, so nothing else is deleted instead."""
+    if file in names:
+        return [file]
+    try:
+        first = pick_gguf(names, file, label)
+    except ModelNotFound:
+        raise ModelNotFound(
+            f"{excerpt(label)}: the cached snapshot holds no file named {excerpt(file)}, "
+            "nor a GGUF file whose name holds it; nothing was deleted"
+        ) from None
+    try:
+        return gguf_parts(first, names)
+    except ModelNotFound:  # a split GGUF with parts missing: the parts there are
+        match = SPLIT_GGUF.match(posixpath.basename(first))
+        assert match is not None
+        prefix = posixpath.join(posixpath.dirname(first), match["prefix"])
+        return [n for n in names if n.startswith(prefix) and SPLIT_GGUF.match(n)]
+
+
+def _prune_empty(cache: RepoCache, commit: str, folders: list[str]) -> None:
+    """The folders a deleted file lay in, deepest first, where nothing else is left."""
+    for depth in range(len(folders), 0, -1):
+        with cache.at("snapshots", commit, *folders[: depth - 1]) as fd:
+            try:
+                os.rmdir(folders[depth - 1], dir_fd=fd)
+            except OSError:
+                return  # not empty (or not there)
+
+
+def _delete_unlinked_blobs(cache: RepoCache, blobs: set[str]) -> int:
+    """The blobs of `blobs` no snapshot links to any more: entries of the repo's own
+    blobs/ folder, opened by its descriptor (a link there goes as a link)."""
     still_linked: set[str] = set()
-    for other in _snapshots(cache):
-        still_linked |= _linked_blobs(cache, other)
-    for blob in blobs - still_linked:
-        freed += _freed_by_unlinking(blob)
-        remove(blob)
+    for commit in _snapshot_names(cache):
+        still_linked |= _linked_blobs(cache, commit)
+    freed = 0
+    with contextlib.suppress(FileNotFoundError, NotADirectoryError), cache.at("blobs") as fd:
+        for blob in sorted(blobs - still_linked):
+            info = dirfd.entry(fd, blob)
+            if info is None or stat.S_ISDIR(info.st_mode):
+                continue
+            freed += dirfd.freed_by_unlinking(info)
+            dirfd.unlink(fd, blob)
     return freed
 
 
 def _commits_named(cache: RepoCache, revision: str) -> list[str]:
-    """The cached commits a revision names: a commit itself, or what refs/<revision> holds."""
-    found = {os.path.basename(s) for s in _snapshots(cache) if os.path.basename(s) == revision}
-    for ref in _refs(cache):
-        if os.path.relpath(ref, os.path.join(cache.folder, "refs")) == revision:
-            commit = _ref_commit(ref)
-            if commit and os.path.lexists(os.path.join(cache.folder, "snapshots", commit)):
-                found.add(commit)
+    """The cached commits a revision names: a commit itself, or what refs/<revision>
+    holds (a ref that holds anything but a commit id is refused, never followed)."""
+    snapshots = set(_snapshot_names(cache))
+    found = {revision} if COMMIT.fullmatch(revision) and revision in snapshots else set()
+    try:
+        commit = cache.read_ref(revision)
+    except InvalidRequest:  # not a name a ref file can have
+        commit = None
+    if commit is not None and commit in snapshots:
+        found.add(commit)
     return sorted(found)
 
 
-def _snapshots(cache: RepoCache) -> list[str]:
-    folder = os.path.join(cache.folder, "snapshots")
-    if os.path.islink(folder) or not os.path.isdir(folder):
-        return []
-    return [os.path.join(folder, name) for name in sorted(os.listdir(folder))]
-
-
-def _refs(cache: RepoCache) -> list[str]:
-    """The ref files, walked without following links."""
-    folder = os.path.join(cache.folder, "refs")
-    if os.path.islink(folder):
-        return []
-    return [path for path in _entries(folder) if not os.path.islink(path)]
-
-
-def _ref_commit(path: str) -> str:
+def _snapshot_names(cache: RepoCache) -> list[str]:
     try:
-        flags = os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC
-        with os.fdopen(os.open(path, flags), "rb") as file:
-            return file.read(64).decode("ascii", "replace").strip()
-    except OSError:
-        return ""
+        with cache.at("snapshots") as fd:
+            return dirfd.names(fd)
+    except (FileNotFoundError, NotADirectoryError):
+        return []
 
 
-def _linked_blobs(cache: RepoCache, snapshot: str) -> set[str]:
+def _ref_or_none(cache: RepoCache, fd: int, name: str, relative: str) -> str | None:
+    """The commit a ref file holds, or None for one that holds something else."""
+    try:
+        return ref_commit(fd, name, cache.path("refs", relative))
+    except NotSupported:
+        return None
+
+
+def _linked_blobs(cache: RepoCache, commit: str) -> set[str]:
     """The entries of blobs/ that a snapshot's links name, by the link's own text (one
-    step, never resolved further): a link that leads anywhere else names none."""
-    if os.path.islink(snapshot) or not os.path.isdir(snapshot):
-        return set()
-    blobs = os.path.join(cache.folder, "blobs") + os.sep
+    step, never resolved): a link that leads anywhere else names none."""
     found: set[str] = set()
-    for path in _entries(snapshot):
-        if os.path.islink(path):
-            target = os.path.normpath(os.path.join(os.path.dirname(path), os.readlink(path)))
-            if target.startswith(blobs) and os.sep not in target[len(blobs) :]:
-                found.add(target)
-    return found
-
-
-def _entries(folder: str) -> list[str]:
-    """Every file and link under `folder` (links to folders included, not entered)."""
-    found: list[str] = []
-    for root, folders, files in os.walk(folder, followlinks=False):
-        found += [os.path.join(root, name) for name in files]
-        linked = [os.path.join(root, name) for name in folders]
-        found += [path for path in linked if os.path.islink(path)]
-    return found
-
-
-def _freed_by_unlinking(path: str) -> int:
-    """The bytes removing `path` gives back: a file's blocks when this is its last name;
-    nothing for a link or a file with other names."""
     try:
-        info = os.lstat(path)
-    except FileNotFoundError:
-        return 0
-    if not stat.S_ISREG(info.st_mode) or info.st_nlink != 1:
-        return 0
-    return info.st_blocks * 512
+        with cache.at("snapshots", commit) as snapshot:
+            for fd, name, relative in dirfd.walk_files(snapshot):
+                blob = blob_named(dirfd.read_link(fd, name), 2 + relative.count("/"))
+                if blob is not None:
+                    found.add(blob)
+    except (FileNotFoundError, NotADirectoryError, OutsideCache):
+        pass  # no snapshot folder there (a link to one is removed as a link)
+    return found
 
 
 def _model(repo: CachedRepoInfo, incomplete: int) -> CachedModel:

@@ -16,7 +16,6 @@ when every caller has gone, keeping its partial file for the next pull.
 from __future__ import annotations
 
 import asyncio
-import os
 import threading
 import time
 from collections.abc import AsyncIterator, Callable
@@ -24,7 +23,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from service.errors import excerpt
-from service.hub.cache import RepoCache, file_size, remove, verified
+from service.hub.cache import RepoCache
 from service.hub.client import HubAccess, HubClient
 from service.hub.disk import Reservations, cache_failure
 from service.hub.download import Download
@@ -207,15 +206,14 @@ class _Transfer:
     def _in_cache(self, file: HubFile) -> bool:
         """Whether the snapshot holds this file, whole and with the listed hash. A blob
         that fails the check is deleted; one another commit shares is linked."""
-        commit = self.download.commit
-        blob = self.cache.blob(file.digest)
+        commit, blob = self.download.commit, file.digest.hex
         linked = self.cache.linked_blob(commit, file.name)
         if linked is not None and linked != blob:
             self.cache.unlink(commit, file.name)
-        if not os.path.exists(blob):
+        if not self.cache.has_blob(file.digest):
             return False
-        if not verified(blob, file.size, file.digest):
-            remove(blob)
+        if not self.cache.verified(file.digest, file.size):
+            self.cache.remove_blob(file.digest)
             self.cache.unlink(commit, file.name)
             return False
         if linked != blob:
@@ -259,7 +257,7 @@ def _resolve(done: asyncio.Future[None]) -> None:
 
 def _kept_bytes(cache: RepoCache, file: HubFile) -> int:
     """Bytes of the file an earlier pull left in its partial file (0 if none)."""
-    return min(file_size(cache.partial(file.digest)) or 0, file.size)
+    return min(cache.partial_size(file.digest) or 0, file.size)
 
 
 def _marks_complete(name: str) -> bool:
