@@ -7,7 +7,7 @@ inference-client admit MODEL [--image]      # can the server serve it, and how
 inference-client pull owner/name[:Q4_K_M]   # download it into the server's cache
 inference-client pull --dry-run owner/name  # what a pull would fetch, and the quantizations
 inference-client cache list [--json]        # the hub models in the server's cache
-inference-client cache delete owner/name[@rev]
+inference-client cache delete owner/name[@rev][:FILE]
 inference-client models
 inference-client health
 
@@ -456,9 +456,16 @@ def build_parser() -> argparse.ArgumentParser:
     listing.add_argument("--json", action="store_true", help="print the reply as JSON")
     listing.set_defaults(run=cache_list)
     delete = cache_commands.add_parser(
-        "delete", aliases=["rm"], help="delete a repo, or one revision (it needs --allow-pull)"
+        "delete",
+        aliases=["rm"],
+        help="delete a repo, one revision, or one file of one (it needs --allow-pull)",
     )
-    delete.add_argument("model", help="owner/name, or owner/name@REVISION for one revision")
+    delete.add_argument(
+        "model",
+        help="owner/name (the repo), owner/name@REVISION (one revision), or "
+        "owner/name[@REVISION]:FILE (one file, or the GGUF a tag such as Q4_K_M picks, "
+        "of that revision, main by default)",
+    )
     delete.set_defaults(run=cache_delete)
 
     vectors = commands.add_parser("embed", help="embed texts: one JSON line per text")
