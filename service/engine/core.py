@@ -35,7 +35,13 @@ from service.decode.sink import EventSink
 from service.embeddings.backend import EmbeddingBackend
 from service.embeddings.requests import EmbedRequest
 from service.engine.base import EngineInfo
-from service.engine.embedding_queue import EmbedJob, EmbedQueue, EmbedSink, tokenized
+from service.engine.embedding_queue import (
+    EmbedJob,
+    EmbedQueue,
+    EmbedSink,
+    over_budget,
+    tokenized,
+)
 from service.engine.options import EngineOptions
 from service.engine.worker import ModelWorker
 from service.errors import NotSupported, ServiceError, Unavailable
@@ -89,7 +95,9 @@ class EngineCore:
         self.scheduler: DecodeScheduler | None = None
         self.embeddings: EmbedQueue | None = None
         if options.embeddings:
-            self.embeddings = EmbedQueue(cast(EmbeddingBackend, backend), self._failed, publish)
+            self.embeddings = EmbedQueue(
+                cast(EmbeddingBackend, backend), self._failed, publish, options.embed_batch_tokens
+            )
             worker.attach(self.embeddings.step)
         elif options.backend != DIFFUSERS:
             self.scheduler = DecodeScheduler(
@@ -169,9 +177,10 @@ class EngineCore:
             self._publish()
 
     def submit_embed(self, request: EmbedRequest, sink: EmbedSink) -> None:
-        """Tokenize one request's inputs on the preparation thread, then queue them for
-        the worker's next evaluation (with whatever else is waiting). Called from any
-        thread, in the request's context, as submit_text."""
+        """Tokenize one request's inputs on the preparation thread (refused there past the
+        request token budget), then queue them for the worker, which evaluates them batch
+        by batch with whatever else is waiting. Called from any thread, in the request's
+        context, as submit_text."""
         self._preparer.submit(in_this_context(lambda: self._tokenize_then_queue(request, sink)))
 
     def _tokenize_then_queue(self, request: EmbedRequest, sink: EmbedSink) -> None:
@@ -179,7 +188,14 @@ class EngineCore:
             if self.embeddings is None:
                 raise NotSupported(f"model {self.options.name!r} does not embed; call Generate")
             backend = cast(EmbeddingBackend, self.backend)
-            ids, truncated = tokenized(backend, request.inputs, request.truncate)
+            budget = self.options.request_token_budget
+            ids, truncated = tokenized(
+                backend, request.inputs, request.truncate, budget, sink.cancelled
+            )
+            if sink.cancelled.is_set():  # the client left while its inputs were read
+                sink.close()
+                self._publish()
+                return
             queue = self.embeddings
             job = EmbedJob(ids, truncated, request.normalize, sink)
             self.worker.submit(in_this_context(lambda: queue.add(job)))
@@ -194,6 +210,10 @@ class EngineCore:
 
         def tokenize() -> pb.TokenizeResponse:
             ids = self._prompt_ids(request)
+            budget = self.options.request_token_budget
+            if len(ids) > budget:
+                held = f"the prompt is {len(ids):,} tokens"
+                raise over_budget(held, budget, "tokenize it in parts")
             name, window = self.options.name, self._text.context_length
             return pb.TokenizeResponse(token_ids=ids, model=name, context_length=window)
 

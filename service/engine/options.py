@@ -12,6 +12,10 @@ from service.engine.model_options import ModelOptions
 
 # Load carries each ModelOptions field under the same name.
 _MODEL_FIELDS = tuple(field.name for field in fields(ModelOptions))
+# OpenAI's bound on the tokens of one embeddings request, and the tokens of one
+# embedding batch (the embedder's own step): the settings' defaults.
+REQUEST_TOKEN_BUDGET = 300_000
+EMBED_BATCH_TOKENS = 4096
 
 
 @dataclass(frozen=True)
@@ -27,6 +31,8 @@ class EngineOptions:
     default_max_tokens: int = 512
     max_decode_seconds: float | None = None
     log_level: str = "info"
+    request_token_budget: int = REQUEST_TOKEN_BUDGET
+    embed_batch_tokens: int = EMBED_BATCH_TOKENS
 
     @property
     def embeddings(self) -> bool:
@@ -41,6 +47,8 @@ class EngineOptions:
             max_waiting_sequences=self.max_waiting_sequences,
             default_max_tokens=self.default_max_tokens,
             log_level=self.log_level,
+            request_token_budget=self.request_token_budget,
+            embed_batch_tokens=self.embed_batch_tokens,
             **asdict(self.model),
         )
         if self.chat_template is not None:
@@ -68,6 +76,8 @@ class EngineOptions:
                 load.max_decode_seconds if load.HasField("max_decode_seconds") else None
             ),
             log_level=load.log_level or "info",
+            request_token_budget=load.request_token_budget or REQUEST_TOKEN_BUDGET,
+            embed_batch_tokens=load.embed_batch_tokens or EMBED_BATCH_TOKENS,
         )
 
 

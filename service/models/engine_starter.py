@@ -28,6 +28,8 @@ def engine_options(spec: ModelSpec, path: Path, backend: str, settings: Settings
         default_max_tokens=settings.default_max_tokens,
         max_decode_seconds=settings.max_decode_seconds,
         log_level=settings.log_level,
+        request_token_budget=settings.request_token_budget,
+        embed_batch_tokens=settings.embed_batch_tokens,
     )
 
 
