@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import resource
 import subprocess
 import sys
 import threading
@@ -22,6 +23,7 @@ class ServerProcess:
     process: subprocess.Popen[str]
     log: list[str] = field(default_factory=list)
     address: str = ""
+    http_port: int = 0
 
     def read_log(self) -> None:
         """Collect stderr; note the address once the server says it is serving."""
@@ -30,6 +32,8 @@ class ServerProcess:
             self.log.append(line)
             if '"serving"' in line:
                 self.address = json.loads(line)["address"]
+            elif '"event": "http"' in line:
+                self.http_port = int(json.loads(line)["port"])
 
     def wait_for_address(self) -> str:
         deadline = time.monotonic() + 30
@@ -45,12 +49,22 @@ class ServerProcess:
 
 @contextmanager
 def server_process(
-    arguments: Sequence[str] = (), env: dict[str, str] | None = None
+    arguments: Sequence[str] = (),
+    env: dict[str, str] | None = None,
+    descriptor_limit: int | None = None,
 ) -> Iterator[ServerProcess]:
-    """`python -m service.front --listen 127.0.0.1:0 ARGUMENTS`, JSON logs; killed at the end."""
+    """`python -m service.front --listen 127.0.0.1:0 ARGUMENTS`, JSON logs; killed at the end.
+    `descriptor_limit`: the child's RLIMIT_NOFILE, soft and hard."""
     command = [sys.executable, "-m", "service.front", "--listen", "127.0.0.1:0", *arguments]
     env = {**os.environ, "INFERENCE_LOG_FORMAT": "json", **(env or {})}
-    process = subprocess.Popen(command, stderr=subprocess.PIPE, text=True, env=env)
+
+    def limited() -> None:
+        if descriptor_limit is not None:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (descriptor_limit, descriptor_limit))
+
+    process = subprocess.Popen(
+        command, stderr=subprocess.PIPE, text=True, env=env, preexec_fn=limited
+    )
     server = ServerProcess(process)
     reader = threading.Thread(target=server.read_log, daemon=True)
     reader.start()

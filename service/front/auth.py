@@ -21,6 +21,9 @@ class BearerAuth:
         values = [value for key, value in metadata or () if key == "authorization"]
         if not values:
             raise Unauthenticated("missing `authorization: Bearer <token>` metadata")
-        given = values[0].encode() if isinstance(values[0], str) else bytes(values[0])
+        # aiohttp hands header bytes that are not UTF-8 through as surrogate escapes:
+        # the same bytes back, compared as any other wrong token.
+        value = values[0]
+        given = value.encode("utf-8", "surrogateescape") if isinstance(value, str) else bytes(value)
         if not hmac.compare_digest(given, self._expected):
             raise Unauthenticated("invalid bearer token")

@@ -24,6 +24,7 @@ from inference.v1 import inference_pb2 as pb
 from service.admission import Capability, Decision, decide
 from service.config import Settings, cors_origins, load_settings
 from service.front.auth import BearerAuth
+from service.front.descriptors import AcceptErrorLog, http_connection_cap
 from service.front.limits import RequestLimits
 from service.front.metrics import Metrics
 from service.front.offload import Offload
@@ -33,6 +34,8 @@ from service.front.openai_api.app import (
     embed_below_grpc,
     tokenizer_below_grpc,
 )
+from service.front.openai_api.body import BodyLimits
+from service.front.openai_api.connections import ConnectionLimits
 from service.front.overload import ConcurrencyGate
 from service.front.registration import add_inference_service
 from service.front.servicer import InferenceServicer
@@ -177,6 +180,7 @@ class InferenceServer:
         )
         add_inference_service(servicer, self._server)
         self.http: OpenAiHttp | None = None
+        self._accept_errors: AcceptErrorLog | None = None
         if settings.http_listen:
             generate, list_models = below_grpc(servicer)
             self.http = OpenAiHttp(
@@ -184,10 +188,21 @@ class InferenceServer:
                 list_models,
                 auth=servicer.auth,
                 metrics=self.metrics,
-                max_body_bytes=int(settings.max_receive_message_bytes),
+                body_limits=BodyLimits(
+                    max_bytes=int(settings.http_max_body_bytes),
+                    seconds=settings.http_body_seconds,
+                    memory_bytes=int(settings.http_body_memory_bytes),
+                ),
+                connection_limits=ConnectionLimits(
+                    max_connections=settings.http_max_connections,
+                    max_per_peer=settings.http_max_connections_per_peer,
+                    max_head_bytes=int(settings.http_max_head_bytes),
+                    idle_seconds=settings.http_idle_seconds,
+                ),
+                connection_cap=http_connection_cap(settings.fd_reserve),
+                offload=self._offload,
                 serving=self.health.serving,
                 send_stall_seconds=settings.send_stall_seconds,
-                body_seconds=settings.http_body_seconds,
                 tokenizer=tokenizer_below_grpc(servicer),
                 embed=embed_below_grpc(servicer),
                 cors_origins=cors_origins(settings.http_cors_origins),
@@ -206,6 +221,8 @@ class InferenceServer:
         if port == 0:
             raise SystemExit(f"cannot listen on {self.settings.listen}")
         await self._set_health(health_pb2.HealthCheckResponse.NOT_SERVING)
+        # Accept errors at the descriptor limit: one line a minute, with a count.
+        self._accept_errors = AcceptErrorLog(asyncio.get_running_loop())
         await self._server.start()
         if self.settings.health_listen:
             self.health_port = await self._serve_health(self.settings.health_listen)
@@ -243,6 +260,8 @@ class InferenceServer:
             await self._health_server.stop(0)
         self.metrics.stop()
         self._offload.close()
+        if self._accept_errors is not None:
+            self._accept_errors.close()
         await self.pool.close()
 
     async def _serve_health(self, listen: str) -> int:

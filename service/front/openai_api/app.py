@@ -51,9 +51,22 @@ from service.errors import (
     InvalidRequest,
     ModelNotFound,
     ServiceError,
-    TimedOut,
     Unavailable,
     excerpt,
+)
+from service.front.offload import Offload
+from service.front.openai_api.body import (
+    BodiesBuffered,
+    BodyLimits,
+    BodyReader,
+    BodyTooLarge,
+    BodyTooSlow,
+)
+from service.front.openai_api.connections import (
+    ConnectionGuard,
+    ConnectionLimits,
+    GuardedSite,
+    connection_of,
 )
 from service.front.openai_api.conversations import Conversations
 from service.front.openai_api.cors import Cors
@@ -79,7 +92,10 @@ from service.front.openai_api.requests import (
 )
 from service.front.openai_api.response_events import ResponseEvents, sse
 from service.front.openai_api.responses import Reply, completion_id, usage_chunk_of, whole_of
-from service.front.openai_api.responses_api import responses_request
+from service.front.openai_api.responses_api import (
+    recalled_history,
+    translated_responses_request,
+)
 from service.front.openai_api.tokens import detokenize_request, tokenize_request
 from service.front.rpc import send_deadline
 from service.request_id import METADATA_KEY, request_id_from
@@ -131,17 +147,21 @@ class OpenAiHttp:
         *,
         auth: BearerAuth | None,
         metrics: Metrics | None,
-        max_body_bytes: int,
+        body_limits: BodyLimits | None = None,
+        connection_limits: ConnectionLimits | None = None,
+        connection_cap: int | None = None,
+        offload: Offload | None = None,
         serving: Callable[[], bool] = lambda: True,
         send_stall_seconds: float = 30.0,
-        body_seconds: float = 30.0,
         tokenizer: tuple[Tokenize, Detokenize] | None = None,
         cors_origins: frozenset[str] = frozenset(),
         max_choices: int = MAX_CHOICES,
         embed: Embed | None = None,
     ) -> None:
         """`max_choices`: how many generations one request may ask for at once (`n`
-        times its prompts), at most what the gate holds of one model's requests."""
+        times its prompts), at most what the gate holds of one model's requests.
+        `connection_cap`: the most connections the file-descriptor limit allows
+        (`service.front.descriptors`), below `connection_limits`' own cap."""
         self._generate = generate
         self._list_models = list_models
         self._tokenizer = tokenizer
@@ -151,11 +171,15 @@ class OpenAiHttp:
         self._metrics = metrics
         self._serving = serving
         self._send_stall_seconds = send_stall_seconds
-        self._body_seconds = body_seconds
+        body_limits = body_limits or BodyLimits()
+        self._bodies = BodyReader(body_limits, offload or Offload())
+        self._connection_limits = connection_limits or ConnectionLimits()
+        self._guard = ConnectionGuard(self._connection_limits, connection_cap)
         cors = Cors(cors_origins)
         self._app = web.Application(
-            client_max_size=max_body_bytes,
+            client_max_size=body_limits.max_bytes,
             middlewares=[
+                self._tracked,
                 cors.preflight,
                 _sent_within(send_stall_seconds, metrics),
                 _unserved_as_openai_errors,
@@ -187,26 +211,64 @@ class OpenAiHttp:
 
     async def start(self, host: str, port: int, tls: ssl.SSLContext | None = None) -> int:
         """Listen on host:port (0: any free port); the port bound."""
-        # A handler is cancelled when its client disconnects: the generation stops.
-        self._runner = web.AppRunner(self._app, handler_cancellation=True, access_log=None)
+        # A handler is cancelled when its client disconnects: the generation stops. An
+        # idle connection closes after `idle_seconds`, also before its first request.
+        self._runner = web.AppRunner(
+            self._app,
+            handler_cancellation=True,
+            access_log=None,
+            keepalive_timeout=self._connection_limits.idle_seconds,
+            # What drain() has not ended by then is cut: it waits no longer.
+            shutdown_timeout=0.5,
+        )
         await self._runner.setup()
-        site = web.TCPSite(self._runner, host, port, ssl_context=tls)
+        site = GuardedSite(self._runner, self._guard, host, port, ssl_context=tls)
         await site.start()
         self.port = int(self._runner.addresses[0][1])
         return self.port
 
     async def drain(self, grace_seconds: float) -> None:
-        """Answer new requests 503 (a proxy retries them elsewhere) and give those in
-        flight up to `grace_seconds` to finish; then stop listening. What is still
-        running then is cancelled, and its generation with it."""
-        self._draining = True
+        """Answer new requests and connections 503 (a proxy retries them elsewhere),
+        close idle connections and those still sending a body at once, and give the
+        requests in progress up to `grace_seconds` to finish; then cut what is left
+        (its generation is cancelled with it) and stop listening."""
+        self._draining = True  # new connections are still answered: 503, then closed
+        self._guard.close_idle()
         if self._in_flight:
             self._idle.clear()
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._idle.wait(), grace_seconds)
+        self._guard.abort_all()
         if self._runner is not None:
             await self._runner.shutdown()
             await self._runner.cleanup()
+
+    @web.middleware
+    async def _tracked(self, request: web.Request, handler: Handler) -> web.StreamResponse:
+        """Its connection idle again once the answer is sent (while draining, an answer
+        not yet sent says `Connection: close`; the drain cuts the rest at its end)."""
+        try:
+            response = await handler(request)
+            if self._draining and not response.prepared:
+                response.force_close()
+            return response
+        finally:
+            connection = connection_of(request)
+            if connection is not None:
+                connection.request_done(body_read=request.content.at_eof())
+
+    async def _body(self, request: web.Request) -> Body:
+        """The request's JSON body, read within its budgets and parsed off the loop. A
+        connection sending its body is cut at once by a drain: it holds no work yet."""
+        connection = connection_of(request)
+        if connection is not None:
+            connection.reading_body = True
+        try:
+            raw = await self._bodies.read(request)
+        finally:
+            if connection is not None:
+                connection.reading_body = False
+        return await self._bodies.off_loop(parse_body, raw)
 
     def _enter(self) -> None:
         if self._draining:
@@ -222,10 +284,9 @@ class OpenAiHttp:
 
     async def _complete(self, request: web.Request, chat: bool) -> web.StreamResponse:
         async def work(outcome: _Outcome) -> web.StreamResponse:
-            body = await _json_body(request, self._body_seconds)
-            outcome.ignore(ignored_fields(body, chat))
-            generations = [chat_request(body)] if chat else completion_requests(body)
-            count = choice_count(body)
+            body = await self._body(request)
+            ignored, generations, count = await self._bodies.off_loop(_completions, body, chat)
+            outcome.ignore(ignored)
             self._check_choices(count * len(generations))
             echoes = await self._echoes(body, outcome) if body.get("echo") else None
             ident = completion_id(chat)
@@ -265,8 +326,9 @@ class OpenAiHttp:
         """POST /v1/responses: a chat completion in the Responses API's shapes."""
 
         async def work(outcome: _Outcome) -> web.StreamResponse:
-            body = await _json_body(request, self._body_seconds)
-            asked = responses_request(body, self._conversations)
+            body = await self._body(request)
+            history = recalled_history(body, self._conversations)
+            asked = await self._bodies.off_loop(translated_responses_request, body, history)
             outcome.ignore(asked.ignored)
             answer = ResponseEvents(asked, self._conversations)
             events = self._generate(asked.generation, outcome.summary)
@@ -314,8 +376,8 @@ class OpenAiHttp:
         """POST /tokenize (vLLM's and llama-server's): a prompt or messages to token ids."""
 
         async def work(outcome: _Outcome) -> web.StreamResponse:
-            body = await _json_body(request, self._body_seconds)
-            asked, ignored = tokenize_request(body)
+            body = await self._body(request)
+            asked, ignored = await self._bodies.off_loop(tokenize_request, body)
             outcome.ignore(ignored)
             answer = await self._tokenizer_of()[0](asked, outcome.summary)
             ids = list(answer.token_ids)
@@ -329,8 +391,8 @@ class OpenAiHttp:
         """POST /detokenize: token ids to their text."""
 
         async def work(outcome: _Outcome) -> web.StreamResponse:
-            body = await _json_body(request, self._body_seconds)
-            asked, ignored = detokenize_request(body)
+            body = await self._body(request)
+            asked, ignored = await self._bodies.off_loop(detokenize_request, body)
             outcome.ignore(ignored)
             answer = await self._tokenizer_of()[1](asked, outcome.summary)
             return outcome.json({"prompt": answer.text})
@@ -341,9 +403,9 @@ class OpenAiHttp:
         """POST /v1/embeddings: the Embed RPC in OpenAI's shapes (see embeddings.py)."""
 
         async def work(outcome: _Outcome) -> web.StreamResponse:
-            body = await _json_body(request, self._body_seconds)
-            asked, encoding_format = embed_request(body), encoding(body)
-            outcome.ignore(ignored_embedding_fields(body))
+            body = await self._body(request)
+            asked, encoding_format, ignored = await self._bodies.off_loop(_embedding, body)
+            outcome.ignore(ignored)
             if self._embed is None:
                 raise Unavailable("this server was built without its Embed RPC")
             answer = await self._embed(asked, outcome.summary)
@@ -405,25 +467,15 @@ class OpenAiHttp:
         return counted
 
 
-async def _json_body(request: web.Request, seconds: float) -> Body:
-    """The body, all of it within `seconds`: a client that sends it a byte at a time,
-    or never, is answered 408 and its connection closed. No slot is held meanwhile."""
-    try:
-        async with asyncio.timeout(seconds):
-            raw = await request.read()
-    except web.HTTPRequestEntityTooLarge as exc:
-        raise BodyTooLarge(exc.text or "the request body is too large") from exc
-    except TimeoutError:
-        raise BodyTooSlow(f"the request body did not all arrive within {seconds:g} s") from None
-    return parse_body(raw)
+def _completions(body: Body, chat: bool) -> tuple[list[str], list[pb.GenerateRequest], int]:
+    """A chat or completions body's ignored fields, generations and choices per prompt."""
+    generations = [chat_request(body)] if chat else completion_requests(body)
+    return ignored_fields(body, chat), generations, choice_count(body)
 
 
-class BodyTooLarge(InvalidRequest):
-    """Answered with 413, as OpenAI's API does; INVALID_ARGUMENT in the metrics."""
-
-
-class BodyTooSlow(TimedOut):
-    """Answered with 408 and the connection closed; DEADLINE_EXCEEDED in the metrics."""
+def _embedding(body: Body) -> tuple[pb.EmbedRequest, str, list[str]]:
+    """An embeddings body's request, its encoding format and its ignored fields."""
+    return embed_request(body), encoding(body), ignored_embedding_fields(body)
 
 
 class _Outcome:
@@ -484,8 +536,11 @@ class _Outcome:
         """Say that the request's `fields` changed nothing: in the `x-ignored-fields`
         header of its answer and in its summary line."""
         if fields:
-            self._headers[IGNORED_HEADER] = ", ".join(fields)
-            self.summary["ignored_fields"] = fields
+            named = [_header_safe(name) for name in fields[:MAX_IGNORED_NAMED]]
+            if len(fields) > MAX_IGNORED_NAMED:
+                named.append(f"and {len(fields) - MAX_IGNORED_NAMED} more")
+            self._headers[IGNORED_HEADER] = ", ".join(named)
+            self.summary["ignored_fields"] = named
 
     async def _failed(self, exc: Exception) -> web.StreamResponse:
         error: Described = described(exc, self._overflow_param)
@@ -504,7 +559,8 @@ class _Outcome:
             response = web.json_response(
                 body, status=status, headers={**self._headers, **error.headers(status)}
             )
-            if isinstance(exc, BodyTooSlow):
+            if isinstance(exc, BodyTooSlow | BodyTooLarge | BodiesBuffered):
+                # The rest of the body is not read: the connection cannot carry another.
                 return await self._closing(response)
             return await self._sent(response)
         except ConnectionError:  # the client is gone: aiohttp ends the connection
@@ -657,6 +713,13 @@ def _summarize_choices(summaries: list[Summary]) -> None:
         first["completion_tokens"] = sum(tokens)
 
 
+def _header_safe(name: str) -> str:
+    """A client's field name as header text: escaped (no control characters, no
+    non-ASCII), cut to 64 characters."""
+    text = json.dumps(name)[1:-1]
+    return text if len(text) <= 64 else text[:64] + "..."
+
+
 def _model_object(model: pb.ModelInfo) -> dict[str, Any]:
     return {"id": model.name, "object": "model", "created": 0, "owned_by": model.backend or "local"}
 
@@ -682,8 +745,10 @@ def _event(chunk: dict[str, Any]) -> bytes:
 _ERROR_STATUS: dict[type[Exception], int] = {BodyTooLarge: 413, BodyTooSlow: 408}
 # The field a context overflow blames, by method: a completion's is its `prompt`.
 _OVERFLOW_PARAMS = {"ChatCompletions": "messages", "Responses": "input"}
-# Names the request's fields that changed nothing (see requests.ignored_fields).
+# Names the request's fields that changed nothing (see requests.ignored_fields): the
+# first few, so a body of a million unknown keys makes no megabyte header.
 IGNORED_HEADER = "x-ignored-fields"
+MAX_IGNORED_NAMED = 16
 
 
 def _drop(request: web.BaseRequest) -> None:

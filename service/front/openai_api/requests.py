@@ -21,6 +21,7 @@ from typing import Any
 
 from inference.v1 import inference_pb2 as pb
 from service.errors import InvalidRequest, NotSupported, excerpt
+from service.front.openai_api.body import check_json_budget, refuse_lone_surrogates
 from service.text.requests import MAX_JSON_DEPTH, json_depth
 
 Body = dict[str, Any]
@@ -33,6 +34,8 @@ MAX_CHOICES = 128
 # own (MAX_JSON_DEPTH); nothing else a request holds nests near this.
 MAX_BODY_DEPTH = MAX_JSON_DEPTH + 8
 _UINT32 = (1 << 32) - 1
+# The contract's int32 fields (max_tokens, top_k): 2^31 does not fit.
+INT32_MAX = (1 << 31) - 1
 _INT64 = 1 << 63
 # Keys whose values are the client's own JSON, passed through as they are: a null
 # there means null (`"default": null` in a schema), not an absent field.
@@ -47,7 +50,7 @@ _COMMON = frozenset(
         "top_k", "min_p", "repeat_penalty", "grammar",
     }
 )  # fmt: skip
-_CHAT_FIELDS = _COMMON | {
+CHAT_FIELDS = _COMMON | {
     "messages",
     "tools",
     "tool_choice",
@@ -58,7 +61,7 @@ _CHAT_FIELDS = _COMMON | {
     "modalities",
     "audio",
 }
-_COMPLETION_FIELDS = _COMMON | {"prompt", "echo", "suffix", "best_of"}
+COMPLETION_FIELDS = _COMMON | {"prompt", "echo", "suffix", "best_of"}
 # Among the fields ignored, OpenAI's that mean nothing here: no end-user ids, stored
 # completions, service tiers, reasoning, caches keyed by the client, predicted
 # outputs, web search; `functions` and `function_call` (the deprecated form of
@@ -74,8 +77,10 @@ IGNORED = frozenset(
 
 def parse_body(raw: bytes) -> Body:
     """A request body as a JSON object, nulls absent, or InvalidRequest saying why it
-    is not one."""
+    is not one: past the item budget (`body.check_json_budget`), too deep, or with a
+    lone surrogate in a string. The HTTP port calls it on a body worker, off the loop."""
     too_deep = InvalidRequest(f"the request body nests deeper than {MAX_BODY_DEPTH} levels")
+    check_json_budget(raw)
     try:
         body = json.loads(raw)
     except ValueError as exc:  # also UnicodeDecodeError, and integers of 4,300+ digits
@@ -86,6 +91,7 @@ def parse_body(raw: bytes) -> Body:
         raise InvalidRequest("the request body must be a JSON object")
     if json_depth(body) > MAX_BODY_DEPTH:
         raise too_deep
+    refuse_lone_surrogates(raw, body)
     return without_nulls(body)
 
 
@@ -115,7 +121,7 @@ def without_nulls(body: Body) -> Body:
 def ignored_fields(body: Body, chat: bool) -> list[str]:
     """The fields of `body` that change nothing, sorted: OpenAI's that the service has
     no use for (IGNORED) and any it does not know."""
-    return sorted(set(body) - (_CHAT_FIELDS if chat else _COMPLETION_FIELDS))
+    return sorted(set(body) - (CHAT_FIELDS if chat else COMPLETION_FIELDS))
 
 
 def chat_request(body: Body) -> pb.GenerateRequest:
@@ -243,7 +249,7 @@ def wants_usage_in_stream(body: Body) -> bool:
 def _sampling(body: Body, request: pb.GenerateRequest) -> None:
     for name in ("max_completion_tokens", "max_tokens"):  # the newer name first
         if body.get(name) is not None:
-            request.max_tokens = _int(body, name, 1, 1 << 31)
+            request.max_tokens = _int(body, name, 1, INT32_MAX)
             break
     request.stop.extend(_stops(body.get("stop")))
     for name in ("temperature", "top_p", "presence_penalty", "frequency_penalty"):

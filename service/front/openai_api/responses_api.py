@@ -35,7 +35,7 @@ from typing import Any
 from inference.v1 import inference_pb2 as pb
 from service.errors import InvalidRequest, NotSupported, excerpt
 from service.front.openai_api.conversations import Conversations, History
-from service.front.openai_api.requests import Body, chat_request
+from service.front.openai_api.requests import INT32_MAX, Body, chat_request
 
 Json = dict[str, Any]
 
@@ -109,12 +109,18 @@ class ResponsesRequest:
 
 def responses_request(body: Body, conversations: Conversations) -> ResponsesRequest:
     """The GenerateRequest a Responses body asks for, through the chat translation."""
+    return translated_responses_request(body, recalled_history(body, conversations))
+
+
+def translated_responses_request(body: Body, history: History) -> ResponsesRequest:
+    """`responses_request` once the conversation it continues is recalled: pure, so
+    the HTTP port runs it off the event loop (`Conversations` stays on the loop)."""
     ignored = sorted(set(body) - SERVED - EXTENSIONS)
     _refuse_unserved(body)
     for name in ("stream", "store", "parallel_tool_calls"):
         if body.get(name) is not None and not isinstance(body[name], bool):
             raise InvalidRequest(f"`{name}` must be true or false", param=name)
-    history = _history(body, conversations)
+    _check_metadata(body.get("metadata"))
     turn = _input_messages(body.get("input"), bool(history.messages))
     _name_results(turn, history)
     tools = _tools(body.get("tools"))
@@ -146,15 +152,55 @@ def _chat_body(body: Body, messages: list[Json], tools: list[Json]) -> Body:
 
 
 def _name_results(turn: list[Json], history: History) -> None:
-    """A call's result names the function called, as chat's tool turns do."""
+    """A call's result names the function called, as chat's tool turns do; a result
+    whose `call_id` no call has (in `input` or the conversation continued) is refused:
+    the model would read an answer to a question it never asked."""
     names = {
         call["id"]: call["function"]["name"]
         for message in (*history.messages, *turn)
         for call in message.get("tool_calls", ())
     }
     for message in turn:
-        if message["role"] == "tool" and message["tool_call_id"] in names:
-            message["name"] = names[message["tool_call_id"]]
+        if message["role"] != "tool":
+            continue
+        call_id = message["tool_call_id"]
+        if call_id not in names:
+            raise InvalidRequest(
+                f"a function_call_output answers call_id {excerpt(call_id, 80)}, but no "
+                "function_call in `input` or in the previous response has that call_id",
+                param="input",
+            )
+        message["name"] = names[call_id]
+
+
+# OpenAI's bounds on a response's `metadata`, which every answer echoes back.
+MAX_METADATA_PAIRS = 16
+MAX_METADATA_KEY = 64
+MAX_METADATA_VALUE = 512
+
+
+def _check_metadata(value: object) -> None:
+    if value is None:
+        return
+    if not isinstance(value, dict):
+        raise InvalidRequest("`metadata` must be an object of strings", param="metadata")
+    if len(value) > MAX_METADATA_PAIRS:
+        raise InvalidRequest(
+            f"`metadata` holds {len(value)} pairs; at most {MAX_METADATA_PAIRS}",
+            param="metadata",
+        )
+    for key, text in value.items():
+        if len(key) > MAX_METADATA_KEY:
+            raise InvalidRequest(
+                f"a `metadata` key is {len(key)} characters long; at most {MAX_METADATA_KEY}",
+                param="metadata",
+            )
+        if not isinstance(text, str) or len(text) > MAX_METADATA_VALUE:
+            raise InvalidRequest(
+                f"`metadata` value {excerpt(key, 64)} must be a string of at most "
+                f"{MAX_METADATA_VALUE} characters",
+                param="metadata",
+            )
 
 
 def _refuse_unserved(body: Body) -> None:
@@ -176,7 +222,8 @@ def _refuse_unserved(body: Body) -> None:
         )
 
 
-def _history(body: Body, conversations: Conversations) -> History:
+def recalled_history(body: Body, conversations: Conversations) -> History:
+    """The conversation `previous_response_id` continues (none without one)."""
     previous = body.get("previous_response_id")
     if previous is None:
         return History()
@@ -431,9 +478,10 @@ def _response_format(text: object) -> Json | None:
 def _max_output_tokens(value: object) -> int | None:
     if value is None:
         return None
-    if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= 1 << 31:
+    if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= INT32_MAX:
         raise InvalidRequest(
-            f"`max_output_tokens` must be an integer from 1 to {1 << 31}", param="max_output_tokens"
+            f"`max_output_tokens` must be an integer from 1 to {INT32_MAX}",
+            param="max_output_tokens",
         )
     return value
 

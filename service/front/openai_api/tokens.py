@@ -13,14 +13,14 @@ from inference.v1 import inference_pb2 as pb
 from service.errors import InvalidRequest
 from service.front.openai_api.requests import Body, chat_request, without_nulls
 
-_TOKENIZE_FIELDS = frozenset({"model", "prompt", "messages", "tools"})
-_DETOKENIZE_FIELDS = frozenset({"model", "tokens"})
+TOKENIZE_FIELDS = frozenset({"model", "prompt", "messages", "tools"})
+DETOKENIZE_FIELDS = frozenset({"model", "tokens"})
 
 
 def tokenize_request(body: Body) -> tuple[pb.TokenizeRequest, list[str]]:
     """The TokenizeRequest of a /tokenize body, and the fields it ignores."""
     body = without_nulls(body)
-    ignored = sorted(set(body) - _TOKENIZE_FIELDS)
+    ignored = sorted(set(body) - TOKENIZE_FIELDS)
     model = _model(body)
     if body.get("messages") is not None:
         if body.get("prompt") is not None:
@@ -40,7 +40,7 @@ def tokenize_request(body: Body) -> tuple[pb.TokenizeRequest, list[str]]:
 def detokenize_request(body: Body) -> tuple[pb.DetokenizeRequest, list[str]]:
     """The DetokenizeRequest of a /detokenize body, and the fields it ignores."""
     body = without_nulls(body)
-    ignored = sorted(set(body) - _DETOKENIZE_FIELDS)
+    ignored = sorted(set(body) - DETOKENIZE_FIELDS)
     tokens = body.get("tokens")
     if not isinstance(tokens, list) or not all(
         isinstance(t, int) and not isinstance(t, bool) and 0 <= t < 1 << 31 for t in tokens
