@@ -599,3 +599,24 @@ def test_draining_refuses_new_requests_and_lets_a_running_stream_finish() -> Non
     assert rest[-2:] == ["data: [DONE]", ""] or rest[-1] == "data: [DONE]"
     stopping.result(timeout=60)
     running._end_loop()  # stopped above, with a grace; its loop closed, not left to the collector
+
+
+def test_choices_past_the_parallel_sequences_run_in_turn_each_within_its_ceiling() -> None:
+    """`n` above --parallel-sequences: the choices past it wait for a seat and each runs
+    whole; the decode ceiling counts from a choice's own start, not the request's, so a
+    request whose choices together take longer than the ceiling still gets all of them."""
+    ceiling = 3.0
+    settings = make_settings(
+        http_listen="127.0.0.1:0", parallel_sequences=1, max_decode_seconds=ceiling
+    )
+    with serving(settings) as (server, _):
+        reply = httpx.post(
+            base_url(server) + "/completions",
+            json={"prompt": "Once upon a time", "max_tokens": 32, "n": 24},
+            timeout=300,
+        )
+    assert reply.status_code == 200, reply.text
+    choices = reply.json()["choices"]
+    assert sorted(choice["index"] for choice in choices) == list(range(24))
+    assert all(choice["finish_reason"] == "length" for choice in choices)
+    assert reply.json()["usage"]["completion_tokens"] == 24 * 32
