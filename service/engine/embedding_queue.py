@@ -164,6 +164,7 @@ class EmbedQueue:
 
     def add(self, job: EmbedJob) -> None:
         self._jobs.append(job)
+        self._publish()  # the front's view of the load: one more waiting
 
     def abort(self, reason: str) -> None:
         """End every waiting request with UNAVAILABLE and `reason` (the model closes)."""
