@@ -19,7 +19,9 @@ transferred (zero weight bytes for a refusal, the header range for a GGUF).
 A repo may also have named revisions (branches and tags, each its own commit
 and files), and may misbehave the ways a broken or compromised hub would
 (`Hostile`, issue 26): path-shaped ETags, bodies that differ from the listed
-hash, listings that lie about sizes, bodies cut short, errors mid-transfer.
+hash, listings that lie about sizes, bodies cut short, errors mid-transfer,
+and a hook that runs a test's function partway through a body (`Midway`:
+another account swapping a folder of the cache for a link while a pull runs).
 """
 
 from __future__ import annotations
@@ -32,7 +34,7 @@ import ssl
 import threading
 import time
 from collections import Counter
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from http import HTTPStatus
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -44,6 +46,17 @@ from urllib.parse import parse_qs, unquote, urlsplit
 LFS_FROM = 1024
 # Bodies go out in slices this large (a client that stops reading stops them).
 _SLICE = 256 << 10
+
+
+@dataclass
+class Midway:
+    """Once `after` bytes of the next download of a file have been sent, `then()` runs
+    on the hub's thread, and the body ends there (the connection closes): the client
+    sees the cut only after `then` has returned."""
+
+    after: int
+    then: Callable[[], None]
+    ran: threading.Event = field(default_factory=threading.Event)
 
 
 @dataclass
@@ -68,6 +81,8 @@ class Hostile:
     listing_padding: int = 0
     # Answers a redirect for every file, to this Location (taken as it is).
     redirect_to: str | None = None
+    # Runs a function partway through the next download of each file named, then cuts it.
+    midway: dict[str, Midway] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -367,11 +382,15 @@ class _HubHandler(BaseHTTPRequestHandler):
     ) -> None:
         size = len(repo.hostile.body[path]) if path in repo.hostile.body else repo.size(path)
         cut: int | None = None
+        midway: Midway | None = None
         # A download (the whole body, or its rest): not a header read by a bounded range.
         downloading = re.fullmatch(r"bytes=\d+-\d+", self.headers.get("Range", "")) is None
         if method == "GET" and downloading:
             with self.fake.lock:
                 scripted = repo.hostile.script.pop(0) if repo.hostile.script else "ok"
+                midway = repo.hostile.midway.pop(path, None)
+            if midway is not None:
+                cut = midway.after
             if scripted.startswith("status:"):
                 return self._bare(int(scripted.removeprefix("status:")))
             if scripted.startswith("cut:"):
@@ -410,6 +429,9 @@ class _HubHandler(BaseHTTPRequestHandler):
         if cut is not None:  # the connection drops before Content-Length bytes
             self.close_connection = True
             self.wfile.flush()
+            if midway is not None:
+                midway.then()
+                midway.ran.set()
             self.connection.shutdown(socket.SHUT_RDWR)
 
     def _send_range(self, repo: FakeRepo, repo_id: str, path: str, start: int, end: int) -> None:

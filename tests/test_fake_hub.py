@@ -6,11 +6,12 @@ from __future__ import annotations
 from collections.abc import Iterator
 from pathlib import Path
 
+import httpx2
 import pytest
 from huggingface_hub import HfApi, HfFileSystem, hf_hub_download
 from huggingface_hub.errors import GatedRepoError, RemoteEntryNotFoundError, RepositoryNotFoundError
 
-from tests.fake_hub import LFS_FROM, FakeHub, FakeRepo
+from tests.fake_hub import LFS_FROM, FakeHub, FakeRepo, Midway
 
 WEIGHTS = bytes(range(256)) * 64  # 16 KiB: served as an LFS file, through a redirect
 
@@ -63,3 +64,27 @@ def test_errors_are_the_hubs(hub: FakeHub, tmp_path: Path) -> None:
     assert HfApi(endpoint=hub.url, token="hf_secret").model_info("owner/gated").id == "owner/gated"
     with pytest.raises(RemoteEntryNotFoundError):
         hf_hub_download("owner/model", "nope.bin", endpoint=hub.url, cache_dir=tmp_path)
+
+
+def test_midway_runs_its_function_after_the_bytes_then_cuts_the_body(hub: FakeHub) -> None:
+    """The hook tests use to change the cache under a running pull (tests/test_hub_dirfd.py)."""
+    seen: list[int] = []
+    midway = Midway(after=1000, then=lambda: seen.append(hub.bytes_sent("owner/model", "w.bin")))
+    hub.repos["owner/model"].hostile.midway["w.bin"] = midway
+    sha256 = hub.repos["owner/model"].sha256["w.bin"]
+    url = f"{hub.url}/lfs/owner/model/{sha256}"
+    body = bytearray()
+
+    def read() -> None:
+        with httpx2.Client() as client, client.stream("GET", url) as response:
+            for chunk in response.iter_bytes():
+                body.extend(chunk)
+
+    with pytest.raises(httpx2.RemoteProtocolError):  # fewer bytes than Content-Length
+        read()
+    assert midway.ran.is_set()
+    assert seen == [1000]
+    assert bytes(body) == WEIGHTS[:1000]
+    assert "w.bin" not in hub.repos["owner/model"].hostile.midway  # once only
+    with httpx2.Client() as client:
+        assert client.get(url).content == WEIGHTS
