@@ -173,3 +173,18 @@ def test_an_http_client_that_leaves_stops_the_remaining_batches(
 
     assert 0 < _evaluated_after(running, leave) < INPUTS
     assert len(stub.Embed(_request(["after the client left"])).embeddings) == 1
+
+
+def test_tokenize_has_the_same_budget(
+    watched: tuple[RunningServer, pb_grpc.InferenceStub],
+) -> None:
+    """The default text model (SmolLM2) reads a digit as one token: 310,000 digits (within
+    --max-prompt-bytes) are past the budget, a thousand are not."""
+    _, stub = watched
+    with pytest.raises(grpc.RpcError) as caught:
+        stub.Tokenize(pb.TokenizeRequest(prompt="7" * 310_000), timeout=120)
+    assert caught.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    details = str(caught.value.details())
+    assert "the prompt is 310,000 tokens" in details
+    assert "request token budget of 300,000 (--request-token-budget)" in details
+    assert len(stub.Tokenize(pb.TokenizeRequest(prompt="7" * 1000)).token_ids) == 1000

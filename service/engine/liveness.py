@@ -1,7 +1,8 @@
 """Whether an engine that has work is still alive and getting somewhere.
 
 An engine sends a heartbeat every second from a thread of its own, carrying
-its worker's progress (tasks and decode steps done). The front judges:
+its worker's progress (tasks and background steps done: a decode step, one
+embedding batch). The front judges:
 
 - nothing at all from the engine for `hang_seconds` while requests wait on
   it: the process is frozen (stopped, swapped out, wedged in the kernel);
@@ -13,6 +14,11 @@ end with UNAVAILABLE naming the cause, the pool drops the model, and the next
 request starts a fresh engine. Before, a SIGSTOPped engine's streams got no
 token and no error, and requests without a deadline queued behind them until
 every other model starved.
+
+So a model's work must come in steps much shorter than `stall_seconds`: an Embed
+request of 2,048 long inputs was one call of minutes, and killed as stuck; it
+is now one batch a step (service.engine.embedding_queue), and bounded as a whole
+by the request token budget.
 
 A third case is no fault of the engine: an image whose request was cancelled
 (its client left, its deadline passed) and that is still being computed
