@@ -11,8 +11,9 @@ For text it prepares the prompt (chat template, tokenizer, length budget),
 sends the `started` event and hands the plan to the scheduler; events leave
 as `inference.v1.GenerateResponse` messages, tool calls parsed into the last.
 For images it runs the pipeline, reporting each denoising step. For an
-embedding model it tokenizes each request's inputs, then evaluates every
-request waiting together (service.engine.embedding_queue).
+embedding model it tokenizes each request's inputs (within the request token
+budget), then evaluates the requests waiting, one batch of their inputs per worker
+step (service.engine.embedding_queue).
 """
 
 from __future__ import annotations
