@@ -189,11 +189,51 @@ def test_a_name_that_resolves_elsewhere_at_connect_time_is_refused() -> None:
         ("100.64.0.1", False),  # carrier-grade NAT
         ("0.0.0.0", False),
         ("224.0.0.1", False),
+        # IPv6 spellings of internal IPv4 addresses (issue 45): judged by what they carry.
+        ("::ffff:127.0.0.1", True),  # the hub's own, mapped
+        ("::127.0.0.2", False),  # IPv4-compatible
+        ("::127.0.0.1", False),  # not the hub's: an IPv6 address nothing routes
+        ("::8.8.8.8", False),  # IPv4-compatible is deprecated, routed nowhere
+        ("::ffff:0:127.0.0.2", False),  # SIIT, IPv4-translated
+        ("::ffff:0:169.254.169.254", False),
+        ("64:ff9b::7f00:1", False),  # NAT64, the well-known prefix
+        ("64:ff9b::a9fe:a9fe", False),
+        ("64:ff9b::c0a8:1", False),
+        ("64:ff9b::808:808", True),  # NAT64 of a public address: how IPv6-only hosts reach one
+        ("64:ff9b:1::7f00:1", False),  # the local-use NAT64 prefix
+        ("64:ff9b:1::808:808", False),
+        ("2002:7f00:1::", False),  # 6to4
+        ("2002:a9fe:a9fe::1", False),
+        ("2002:0a01:0203::1", False),
+        ("2002:808:808::1", True),
+        ("2001:0:4136:e378:8000:63bf:3fff:fdd2", False),  # Teredo
+        ("192.0.0.192", False),  # IETF protocol assignments
+        ("192.0.0.8", False),
+        ("192.0.0.9", True),  # the two in 192.0.0.0/24 that are global
+        ("fec0::1", False),  # site-local, deprecated
+        ("3fff::1", False),  # documentation
+        ("5f00::1", False),  # SRv6 SIDs
+        ("fd00::1", False),
     ],
 )
 def test_which_addresses_a_redirect_may_reach(address: str, permitted: bool) -> None:
     policy = AddressPolicy("127.0.0.1", 80)
     assert policy.permits(ipaddress.ip_address(address)) is permitted
+
+
+@pytest.mark.parametrize(
+    ("address", "says"),
+    [
+        ("64:ff9b::7f00:1", "an IPv6 spelling of 127.0.0.1, a loopback address"),
+        ("2002:a9fe:a9fe::", "an IPv6 spelling of 169.254.169.254, a link-local address"),
+        ("::1", "a loopback address"),
+    ],
+)
+def test_a_refusal_names_the_address_a_spelling_carries(address: str, says: str) -> None:
+    policy = AddressPolicy("127.0.0.1", 80)
+    refusal = policy.refusal(f"[{address}]", [ipaddress.ip_address(address)])
+    assert refusal is not None
+    assert says in refusal.message
 
 
 def test_a_network_the_operator_names_is_permitted() -> None:

@@ -6,7 +6,13 @@ metadata service (169.254.169.254), an admin port on loopback, or a host on
 the private network behind it, and the server would fetch it with its own
 network position. So a redirect reaches only
 
-- a public (globally routable) address,
+- a public (globally routable) address, however it is spelled: an IPv6
+  address that carries an IPv4 one (IPv4-mapped `::ffff:a.b.c.d`, SIIT
+  `::ffff:0:a.b.c.d`, NAT64 `64:ff9b::/96`, 6to4 `2002::/16`, Teredo) is
+  public only if the IPv4 address inside is too,
+  and the special-purpose ranges Python's own table lacks (192.0.0.0/24, the
+  local-use NAT64 prefix 64:ff9b:1::/48, the deprecated IPv4-compatible ::/96,
+  3fff::/20, 5f00::/16, fec0::/10) are not;
 - an address the hub's own host name resolves to (a mirror on loopback or on
   the private network that serves its files from another port), or
 - a network the operator named (`--hf-redirect-networks 10.0.0.0/8,...`).
@@ -43,6 +49,52 @@ def parse_networks(text: str) -> list[Network]:
     return networks
 
 
+# Special-purpose ranges (IANA's registries) that are not globally reachable but that
+# Python 3.11's `is_global` passes; and the few inside them that are.
+_NOT_GLOBAL = tuple(
+    ipaddress.ip_network(n)
+    for n in ("192.0.0.0/24", "::/96", "64:ff9b:1::/48", "3fff::/20", "5f00::/16", "fec0::/10")
+)
+_GLOBAL_AFTER_ALL = tuple(ipaddress.ip_network(n) for n in ("192.0.0.9/32", "192.0.0.10/32"))
+# IPv6 prefixes whose last 32 bits are an IPv4 address the packet is delivered to.
+_CARRIES_IPV4_LAST = tuple(
+    ipaddress.IPv6Network(n)
+    for n in (
+        "::ffff:0:0/96",  # IPv4-mapped
+        "::ffff:0:0:0/96",  # SIIT, IPv4-translated
+        "64:ff9b::/96",  # NAT64, the well-known prefix
+        "::/96",  # IPv4-compatible (deprecated)
+    )
+)
+
+
+def embedded_ipv4(address: Address) -> list[ipaddress.IPv4Address]:
+    """The IPv4 addresses an IPv6 address carries (where the packet really goes)."""
+    if not isinstance(address, ipaddress.IPv6Address):
+        return []
+    found: list[ipaddress.IPv4Address] = []
+    if any(address in prefix for prefix in _CARRIES_IPV4_LAST):
+        found.append(ipaddress.IPv4Address(int(address) & 0xFFFFFFFF))
+    if address.sixtofour is not None:
+        found.append(address.sixtofour)
+    if address.teredo is not None:
+        found.extend(address.teredo)
+    return found
+
+
+def _globally_routable(address: Address) -> bool:
+    if any(address in network for network in _GLOBAL_AFTER_ALL):
+        return True
+    if not address.is_global or address.is_multicast:
+        return False
+    return not any(address in network for network in _NOT_GLOBAL)
+
+
+def is_public(address: Address) -> bool:
+    """Whether an address is globally routable, and so is every IPv4 address it carries."""
+    return all(_globally_routable(a) for a in [address, *embedded_ipv4(address)])
+
+
 def _plain(address: Address) -> Address:
     """An IPv4 address written as IPv6 (::ffff:127.0.0.1) judged as the IPv4 one."""
     if isinstance(address, ipaddress.IPv6Address) and address.ipv4_mapped is not None:
@@ -63,6 +115,11 @@ def resolve(host: str, port: int) -> list[Address]:
 def _kind(address: Address) -> str:
     if address.is_loopback:
         return "a loopback address"
+    if address.is_unspecified:
+        return "the unspecified address"
+    inner = [a for a in embedded_ipv4(address) if not _globally_routable(a)]
+    if inner:
+        return f"an IPv6 spelling of {inner[0]}, {_kind(inner[0])}"
     if address.is_link_local:
         return "a link-local address (where cloud metadata services listen)"
     if address.is_unspecified:
@@ -94,7 +151,7 @@ class AddressPolicy:
 
     def permits(self, address: Address) -> bool:
         address = _plain(address)
-        if address.is_global and not address.is_multicast:
+        if is_public(address):
             return True
         if any(address in network for network in self._networks):
             return True
