@@ -22,7 +22,7 @@ import pytest
 
 from inference.v1 import inference_pb2 as pb
 from inference.v1 import inference_pb2_grpc as pb_grpc
-from service.front.openai_api.body import MAX_CONTAINERS, MAX_ITEMS
+from service.front.openai_api.json_budget import MAX_CONTAINERS, MAX_ITEMS
 from tests.server_process import ServerProcess, server_process, wait_until_serving
 
 MiB = 1 << 20

@@ -21,7 +21,7 @@ from typing import Any
 
 from inference.v1 import inference_pb2 as pb
 from service.errors import InvalidRequest, NotSupported, excerpt
-from service.front.openai_api.body import check_json_budget, refuse_lone_surrogates
+from service.front.openai_api.json_budget import check_json_budget, refuse_lone_surrogates
 from service.text.requests import MAX_JSON_DEPTH, json_depth
 
 Body = dict[str, Any]
@@ -77,7 +77,7 @@ IGNORED = frozenset(
 
 def parse_body(raw: bytes) -> Body:
     """A request body as a JSON object, nulls absent, or InvalidRequest saying why it
-    is not one: past the item budget (`body.check_json_budget`), too deep, or with a
+    is not one: past the item budget (`json_budget.check_json_budget`), too deep, or with a
     lone surrogate in a string. The HTTP port calls it on a body worker, off the loop."""
     too_deep = InvalidRequest(f"the request body nests deeper than {MAX_BODY_DEPTH} levels")
     check_json_budget(raw)
