@@ -159,8 +159,8 @@ class InferenceServicer:
         raise NotImplementedError('Method not implemented!')
 
     def DeleteCached(self, request, context):
-        """DeleteCached removes a hub model from the server's hub cache: one
-        revision, or the whole repo with its interrupted pulls. Off unless the
+        """DeleteCached removes a hub model from the server's hub cache: one file of a
+        revision, one revision, or the whole repo with its interrupted pulls. Off unless the
         server runs with --allow-pull (the same flag that lets clients write it).
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)

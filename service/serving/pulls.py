@@ -77,7 +77,7 @@ class Pulls:
         return await asyncio.to_thread(cached_models, self.cache_dir)
 
     async def delete(self, model: str) -> tuple[list[str], int]:
-        """Remove a repo, or one revision of it, from the hub cache."""
+        """Remove a repo, one revision of it, or one file of a revision from the hub cache."""
         if not self._may_delete or self.cache_dir is None:
             raise NotSupported(
                 "this server does not let clients change its hub cache: start it with "

@@ -14,7 +14,7 @@
 //                                                repo's GGUF choices; exits 1 if refused
 //   node src/cli.mjs cache list [--json]         the server's hub cache, a table (alias:
 //                                                cache ls); --json: the reply as JSON
-//   node src/cli.mjs cache delete MODEL          remove owner/name, or one revision of it
+//   node src/cli.mjs cache delete MODEL          remove owner/name, one revision (@REV) or one file (:FILE)
 //                                                (owner/name@REV), from the hub cache (it
 //                                                needs --allow-pull)
 //
@@ -301,7 +301,7 @@ async function cacheList(client) {
 
 async function cacheDelete(client, model) {
   if (!model) {
-    console.error("cache delete needs a model: owner/name, or owner/name@REVISION");
+    console.error("cache delete needs a model: owner/name, owner/name@REVISION, or owner/name[@REVISION]:FILE");
     process.exitCode = 64;
     return;
   }

@@ -1517,7 +1517,9 @@ export declare type DeleteCachedRequest = Message<"inference.v1.DeleteCachedRequ
   /**
    * "owner/name" deletes the whole repo; "owner/name@REVISION" one revision
    * (a branch, a tag or a commit), its files kept where another revision
-   * still uses them.
+   * still uses them; "owner/name[@REVISION]:FILE" one file of that revision
+   * (main by default), or the GGUF a quantization tag (":Q4_K_M") picks. A ref
+   * file that does not hold a commit id is FAILED_PRECONDITION.
    *
    * @generated from field: string model = 1;
    */
@@ -2311,8 +2313,8 @@ export declare const Inference: GenService<{
     output: typeof ListCachedResponseSchema;
   },
   /**
-   * DeleteCached removes a hub model from the server's hub cache: one
-   * revision, or the whole repo with its interrupted pulls. Off unless the
+   * DeleteCached removes a hub model from the server's hub cache: one file of a
+   * revision, one revision, or the whole repo with its interrupted pulls. Off unless the
    * server runs with --allow-pull (the same flag that lets clients write it).
    *
    * @generated from rpc inference.v1.Inference.DeleteCached
