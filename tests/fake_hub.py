@@ -79,6 +79,9 @@ class Hostile:
     ignore_range: bool = False
     # The listing (model info) carries this many bytes more, in a field nobody reads.
     listing_padding: int = 0
+    # The padding made of these bytes repeated (JSON items, `{},` say) in an array
+    # field nobody reads, rather than of one string.
+    listing_filler: bytes = b""
     # Answers a redirect for every file, to this Location (taken as it is).
     redirect_to: str | None = None
     # Runs a function partway through the next download of each file named, then cuts it.
@@ -307,6 +310,7 @@ class _HubHandler(BaseHTTPRequestHandler):
             },
             method,
             padding=repo.hostile.listing_padding,
+            filler=repo.hostile.listing_filler,
         )
 
     def _tree(self, ask: _Ask) -> None:
@@ -455,10 +459,17 @@ class _HubHandler(BaseHTTPRequestHandler):
         self.send_header("Content-Length", "0")
         self.end_headers()
 
-    def _json(self, value: object, method: str, padding: int = 0) -> None:
+    def _json(self, value: object, method: str, padding: int = 0, filler: bytes = b"") -> None:
         body = json.dumps(value).encode()
-        # Padding goes in a string field before the object's end, sent as it is made.
-        head, tail = (body[:-1] + b', "cardData": "', b'"}') if padding else (body, b"")
+        # Padding goes in a string field before the object's end, sent as it is made; a
+        # filler's items go in an array field, padding's length rounded to whole items.
+        if padding and filler:
+            padding -= padding % len(filler)
+            head, tail = body[:-1] + b', "spaces": [', b"null]}"
+        elif padding:
+            head, tail = body[:-1] + b', "cardData": "', b'"}'
+        else:
+            head, tail = body, b""
         self.send_response(HTTPStatus.OK)
         self.send_header("Content-Type", "application/json")
         self.send_header("Content-Length", str(len(head) + padding + len(tail)))
@@ -467,8 +478,10 @@ class _HubHandler(BaseHTTPRequestHandler):
             return
         try:
             self.wfile.write(head)
-            for start in range(0, padding, _SLICE):
-                self.wfile.write(b"x" * min(_SLICE, padding - start))
+            unit = filler or b"x"
+            per_slice = max(1, _SLICE // len(unit))
+            for start in range(0, padding, per_slice * len(unit)):
+                self.wfile.write(unit * (min(per_slice * len(unit), padding - start) // len(unit)))
             self.wfile.write(tail)
         except (BrokenPipeError, ConnectionResetError):
             self.close_connection = True  # the client stopped reading

@@ -53,6 +53,7 @@ from service.admission.quantization import (
     from_gguf_type_name,
 )
 from service.errors import excerpt
+from service.hub.budget import CONFIG_CONTAINERS, json_containers
 from service.hub.files import SPLIT_GGUF
 from service.hub.seekable import SeekableReader
 from service.memory import cells_per_sequence
@@ -95,7 +96,8 @@ class ModelDescription:
     vocab_size: int = 0
     # GGUF only: the ggml type id of every tensor, for the decodability gate.
     tensor_types: frozenset[int] = frozenset()
-    # safetensors only: the parsed config.json, for the backend's own registry.
+    # safetensors only: config.json's model_type and architectures, for the backend's
+    # own registry (`_kept`: not the whole document, which descriptions would keep).
     config: Mapping[str, Any] = field(default_factory=dict)
     # What is wrong with the metadata, in words; empty when nothing is.
     defect: str = ""
@@ -385,9 +387,31 @@ def checkpoint_description(config: dict[str, Any], weights: int) -> ModelDescrip
         weights_bytes=weights,
         kv_bytes_per_token=_config_kv_bytes_per_token(text),
         trained_context=_count(text.get("max_position_embeddings")),
-        config=config,
+        config=_kept(config),
         defect=_config_problem(config, text) or "",
     )
+
+
+# What admission reads of a config after describing it: mlx-lm's registry is keyed by
+# these two. The rest of the parsed document is not kept (descriptions are remembered:
+# a 4 MiB config of `{}` items kept whole cost 97 MB each).
+_KEPT_KEYS = ("model_type", "architectures")
+_KEPT_ARCHITECTURES = 16
+_KEPT_CHARACTERS = 256
+
+
+def _kept(config: Mapping[str, Any]) -> dict[str, Any]:
+    """The few fields of a config admission needs later, each bounded: at most
+    `_KEPT_ARCHITECTURES` names of `_KEPT_CHARACTERS` characters."""
+    kept: dict[str, Any] = {}
+    for key in _KEPT_KEYS:
+        value = config.get(key)
+        if isinstance(value, str):
+            kept[key] = value[:_KEPT_CHARACTERS]
+        elif isinstance(value, list):
+            names = [item[:_KEPT_CHARACTERS] for item in value if isinstance(item, str)]
+            kept[key] = names[:_KEPT_ARCHITECTURES]
+    return kept
 
 
 # Sizes a config.json states, each a whole number >= 0 when present.
@@ -473,7 +497,7 @@ def pipeline_description(index: dict[str, Any], weights: int, dtype: str) -> Mod
         weights_bytes=weights,
         kv_bytes_per_token=0,
         trained_context=0,
-        config=index,
+        config=_kept(index),
         defect=defect,
     )
 
@@ -546,6 +570,11 @@ def json_object(text: bytes, name: str, size: int) -> dict[str, Any]:
     refused unread), or UnreadableModel saying what is wrong, naming the file."""
     if size > MAX_JSON_BYTES:
         raise UnreadableModel(f"{name} is {size} bytes; a config is at most {MAX_JSON_BYTES}")
+    if json_containers(text) > CONFIG_CONTAINERS:
+        raise UnreadableModel(
+            f"{name} holds more than {CONFIG_CONTAINERS} JSON objects and arrays; no config "
+            "needs that many"
+        )
     try:
         data = json.loads(text)
     except RecursionError as exc:

@@ -27,6 +27,17 @@ LISTING_BYTES = 8 << 20
 HEADER_BYTES = 32 << 20
 ADMIT_BYTES = 64 << 20
 CONCURRENT_READS = 2
+# JSON objects and arrays a listing or a config may hold: a parsed container costs
+# some 60-400 bytes, so 8 MiB of `{}` would cost about a gigabyte to parse. A real
+# listing has two per file (the file, its LFS pointer): 38,000 files need 76,000.
+LISTING_CONTAINERS = 1 << 17
+CONFIG_CONTAINERS = 1 << 16
+
+
+def json_containers(raw: bytes) -> int:
+    """An upper bound on the JSON objects and arrays in `raw`, counted at C speed
+    without parsing (brackets inside strings count too)."""
+    return raw.count(b"{") + raw.count(b"[")
 
 
 class BudgetSpent(Exception):

@@ -24,7 +24,7 @@ from typing import Any, BinaryIO, cast
 from urllib.parse import quote
 
 from service.errors import DataLoss, NotSupported, Unavailable, excerpt
-from service.hub.budget import LISTING_BYTES, ReadBudget
+from service.hub.budget import LISTING_BYTES, LISTING_CONTAINERS, ReadBudget, json_containers
 from service.hub.client import (
     HubClient,
     TooLarge,
@@ -83,6 +83,12 @@ class RemoteRepo:
                     "the files you need yourself and serve them by path"
                 ) from None
         self.budget.spend(len(body), f"the file listing of {self._label}")
+        if json_containers(body) > LISTING_CONTAINERS:
+            raise NotSupported(
+                f"the hub's file listing of {self._label} holds more than "
+                f"{LISTING_CONTAINERS} JSON objects and arrays (two a file); this server "
+                "reads no more. Download the files you need yourself and serve them by path"
+            )
         try:
             info = json.loads(body)
         except (ValueError, RecursionError):
