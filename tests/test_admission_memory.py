@@ -16,6 +16,7 @@ from inference.v1 import inference_pb2 as pb
 from inference.v1 import inference_pb2_grpc as pb_grpc
 from service.admission import hub as remote_admission
 from service.admission.describe import (
+    CONFIG_ITEMS,
     MAX_JSON_BYTES,
     UnreadableModel,
     checkpoint_description,
@@ -43,12 +44,12 @@ REPOS_RSS_BOUND = 64 * MiB
 
 
 def _near_cap(seed: int) -> bytes:
-    """A config.json just under the 4 MiB cap: within every budget, nearly all of it
-    short strings (a million objects in the parsed document, kept whole before)."""
+    """A config.json just under the 4 MiB cap and within every budget: nearly all of
+    it as many strings as CONFIG_ITEMS allows (some 15 MB parsed, kept whole before)."""
     head = json.dumps({**BASE, "seed": seed})[:-1].encode() + b', "junk": ['
-    item = b'"ab",'
-    count = (MAX_JSON_BYTES - len(head) - 16) // len(item)
-    return head + item * count + b'"ab"]}'
+    count = CONFIG_ITEMS - 64
+    item = b'"' + b"s" * ((MAX_JSON_BYTES - len(head) - 16) // count - 3) + b'",'
+    return head + item * count + b'""]}'
 
 
 def _bomb() -> bytes:
@@ -98,7 +99,7 @@ def _rss() -> int:
 def _kept_bytes() -> list[int]:
     with remote_admission._lock:
         found = list(remote_admission._remembered.values())
-    return [len(json.dumps(description.config)) for _, description, _, _ in found if description]
+    return [len(json.dumps(entry.description.config)) for entry in found]
 
 
 def test_remembered_descriptions_keep_only_what_admission_needs(

@@ -53,7 +53,7 @@ from service.admission.quantization import (
     from_gguf_type_name,
 )
 from service.errors import excerpt
-from service.hub.budget import CONFIG_CONTAINERS, json_containers
+from service.hub.budget import CONFIG_CONTAINERS
 from service.hub.files import SPLIT_GGUF
 from service.hub.seekable import SeekableReader
 from service.memory import cells_per_sequence
@@ -61,6 +61,14 @@ from service.memory import cells_per_sequence
 KV_BYTES_PER_VALUE = 2  # f16 K and V caches, the default of both backends
 # config.json and model_index.json are a few KB; a larger one is not a config.
 MAX_JSON_BYTES = 4 << 20
+# Items (array elements and object members, every level) a config may hold; with at
+# most CONFIG_CONTAINERS objects and arrays (service.hub.budget), parsing one costs at
+# most some 25 MB whatever its shape (a 4 MiB config of 5-byte strings was 1.3 M items,
+# 73 MB parsed). Real configs hold a few hundred; a label map of 21,843 ImageNet
+# classes each way, some 44,000.
+CONFIG_ITEMS = 1 << 17
+# A JSON string, escapes and all: what is taken out before counting exactly.
+_JSON_STRING = re.compile(rb'"[^"\\]*(?:\\.[^"\\]*)*"')
 
 
 class UnreadableModel(Exception):
@@ -284,7 +292,7 @@ def _describe_header(header: GGUFHeader, problem: str | None) -> ModelDescriptio
         counts[tensor.ggml_type] += tensor.n_elements
     return ModelDescription(
         format="gguf",
-        architecture=arch,
+        architecture=_bounded(arch, NAME_CHARACTERS),
         quantization=_gguf_quantization(values, counts),
         weights_bytes=header.file_size,
         kv_bytes_per_token=_gguf_kv_bytes_per_token(values, arch),
@@ -292,7 +300,7 @@ def _describe_header(header: GGUFHeader, problem: str | None) -> ModelDescriptio
         layer_count=_count(values.get(f"{arch}.block_count")),
         vocab_size=_vocabulary_size(values.get(VOCABULARY)),
         tensor_types=frozenset(counts),
-        defect=problem or "",
+        defect=_bounded(problem or "", DEFECT_CHARACTERS),
         pooling=_POOLING.get(_count(values.get(f"{arch}.pooling_type")), ""),
     )
 
@@ -382,13 +390,13 @@ def checkpoint_description(config: dict[str, Any], weights: int) -> ModelDescrip
     model_type = config.get("model_type")
     return ModelDescription(
         format="safetensors",
-        architecture=model_type if isinstance(model_type, str) else "",
+        architecture=_bounded(model_type if isinstance(model_type, str) else "", NAME_CHARACTERS),
         quantization=from_checkpoint_config(config),
         weights_bytes=weights,
         kv_bytes_per_token=_config_kv_bytes_per_token(text),
         trained_context=_count(text.get("max_position_embeddings")),
         config=_kept(config),
-        defect=_config_problem(config, text) or "",
+        defect=_bounded(_config_problem(config, text) or "", DEFECT_CHARACTERS),
     )
 
 
@@ -398,6 +406,18 @@ def checkpoint_description(config: dict[str, Any], weights: int) -> ModelDescrip
 _KEPT_KEYS = ("model_type", "architectures")
 _KEPT_ARCHITECTURES = 16
 _KEPT_CHARACTERS = 256
+# A description's names (architecture, pipeline class) and its defect, at most: every
+# string a description holds is bounded, so one remembered costs a few KB whatever the
+# metadata said (GGUF strings are cut at gguf_header.KEPT_STRING_BYTES already).
+NAME_CHARACTERS = _KEPT_CHARACTERS
+DEFECT_CHARACTERS = 1_024
+
+
+def _bounded(text: str, limit: int) -> str:
+    """`text` cut to `limit` characters (a defect's cut is marked)."""
+    if len(text) <= limit:
+        return text
+    return text[: limit - 3] + "..."
 
 
 def _kept(config: Mapping[str, Any]) -> dict[str, Any]:
@@ -490,6 +510,12 @@ def pipeline_description(index: dict[str, Any], weights: int, dtype: str) -> Mod
     if not isinstance(class_name, str):
         defect = f"model_index.json's _class_name is {_shown(class_name)}; it must be a string"
         class_name = ""
+    elif len(class_name) > NAME_CHARACTERS:
+        defect = (
+            f"model_index.json's _class_name is {len(class_name)} characters long; no "
+            f"pipeline class's name is longer than {NAME_CHARACTERS}"
+        )
+        class_name = class_name[:NAME_CHARACTERS]
     return ModelDescription(
         format="diffusers",
         architecture=class_name,
@@ -498,7 +524,7 @@ def pipeline_description(index: dict[str, Any], weights: int, dtype: str) -> Mod
         kv_bytes_per_token=0,
         trained_context=0,
         config=_kept(index),
-        defect=defect,
+        defect=_bounded(defect, DEFECT_CHARACTERS),
     )
 
 
@@ -570,10 +596,16 @@ def json_object(text: bytes, name: str, size: int) -> dict[str, Any]:
     refused unread), or UnreadableModel saying what is wrong, naming the file."""
     if size > MAX_JSON_BYTES:
         raise UnreadableModel(f"{name} is {size} bytes; a config is at most {MAX_JSON_BYTES}")
-    if json_containers(text) > CONFIG_CONTAINERS:
+    containers, items = json_counts(text, CONFIG_CONTAINERS, CONFIG_ITEMS)
+    if containers > CONFIG_CONTAINERS:
         raise UnreadableModel(
             f"{name} holds more than {CONFIG_CONTAINERS} JSON objects and arrays; no config "
             "needs that many"
+        )
+    if items > CONFIG_ITEMS:
+        raise UnreadableModel(
+            f"{name} holds more than {CONFIG_ITEMS} JSON values in its objects and arrays; "
+            "no config needs that many"
         )
     try:
         data = json.loads(text)
@@ -584,6 +616,32 @@ def json_object(text: bytes, name: str, size: int) -> dict[str, Any]:
     if not isinstance(data, dict):
         raise UnreadableModel(f"{name} is not a JSON object")
     return data
+
+
+def json_counts(raw: bytes, containers: int, items: int) -> tuple[int, int]:
+    """How many objects and arrays, and items in them, the JSON `raw` holds, counted
+    without parsing it: brackets and commas at C speed, an upper bound. When that is
+    past `containers` or `items`, the brackets and commas inside strings (text) are
+    taken off, string by string, which makes it exact for valid JSON; a string is at
+    most two items' worth (a member's key and value), so past `2 * items + 1` strings
+    the count stops there, over the budget, having allocated nothing that stays."""
+    found = _rough_counts(raw, 0, len(raw))
+    if found[0] <= containers and found[1] <= items:
+        return found
+    inside = [0, 0]
+    for number, string in enumerate(_JSON_STRING.finditer(raw)):
+        if number > 2 * items + 1:
+            return found[0] - inside[0], items + 1
+        in_string = _rough_counts(raw, *string.span())
+        inside = [inside[0] + in_string[0], inside[1] + in_string[1]]
+    return found[0] - inside[0], found[1] - inside[1]
+
+
+def _rough_counts(raw: bytes, start: int, end: int) -> tuple[int, int]:
+    """Brackets, and commas plus brackets, in raw[start:end]: every item but a
+    container's first follows a comma."""
+    containers = raw.count(b"{", start, end) + raw.count(b"[", start, end)
+    return containers, raw.count(b",", start, end) + containers
 
 
 def _config_kv_bytes_per_token(config: Mapping[str, Any]) -> int:

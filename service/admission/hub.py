@@ -7,14 +7,21 @@ safetensors header. The answer adds what a download would take (the files the
 backend needs, their bytes) and whether that fits on the disk holding the hub
 cache. Descriptions are kept per commit, so asking again costs one call for the
 file list; a refusal is not kept (a read garbled in transit must not outlive it).
+What is kept is small and bounded: the description's scalars and short strings (never
+the parsed config), the kind, and the names and sizes of the files a download takes; at
+most REMEMBERED_ENTRY_BYTES each (a larger one, a repo of thousands of shards, is read
+again next time instead) and REMEMBERED entries: REMEMBERED_BYTES in all.
 
 What the reads may cost (bytes, time, how many at once) is service.hub.budget's.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import sys
 import threading
 from collections import OrderedDict
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -47,7 +54,11 @@ from service.hub.files import (
 from service.hub.remote import RemoteRepo
 from service.model_source import HubReference, SourceKind
 
-_REMEMBERED = 64
+# Descriptions remembered, each at most REMEMBERED_ENTRY_BYTES as `footprint` counts
+# it (a 400-shard checkpoint's file list fits: some 170 bytes a file).
+REMEMBERED = 64
+REMEMBERED_ENTRY_BYTES = 96 << 10
+REMEMBERED_BYTES = REMEMBERED * REMEMBERED_ENTRY_BYTES
 # A safetensors header: 8 bytes of length, then at most 16 MiB of JSON (what is read).
 _SAFETENSORS_HEADER_BYTES = 8 + (16 << 20)
 _slots = ReadSlots()
@@ -86,24 +97,72 @@ def read_remote(hub: HubReference, access: HubAccess, cache_dir: Path) -> Remote
 
 
 _Read = tuple[SourceKind, ModelDescription | None, str, dict[str, int]]
-_remembered: OrderedDict[tuple[str, str, str, str | None], _Read] = OrderedDict()
+_Key = tuple[str, str, str, str | None]
+
+
+@dataclass(frozen=True)
+class Remembered:
+    """What a successful read leaves for the next Admit of the same commit."""
+
+    kind: SourceKind
+    description: ModelDescription
+    files: tuple[tuple[str, int], ...]  # the download's files and their sizes
+
+    def read(self) -> _Read:
+        return self.kind, self.description, "", dict(self.files)
+
+
+_remembered: OrderedDict[_Key, Remembered] = OrderedDict()
 _lock = threading.Lock()
 
 
 def _remembered_or_read(repo: RemoteRepo, hub: HubReference, endpoint: str) -> _Read:
-    """A description read before for this commit, or a fresh read, kept if it succeeded."""
+    """A description read before for this commit, or a fresh read, kept if it succeeded
+    and is small enough (see `remember`)."""
     key = (endpoint, hub.repo_id, repo.commit, hub.file)
     with _lock:
         found = _remembered.get(key)
     if found is not None:
-        return found
-    found = _read(repo, hub)
-    if found[1] is not None:
-        with _lock:
-            _remembered[key] = found
-            while len(_remembered) > _REMEMBERED:
-                _remembered.popitem(last=False)
-    return found
+        return found.read()
+    kind, description, problem, files = _read(repo, hub)
+    if description is not None:
+        remember(key, Remembered(kind, description, tuple(files.items())))
+    return kind, description, problem, files
+
+
+def remember(key: _Key, entry: Remembered) -> bool:
+    """Keep `entry` (the oldest goes past REMEMBERED), unless its footprint is over
+    REMEMBERED_ENTRY_BYTES: then it is not kept, and whether it was kept is returned."""
+    if footprint(entry) + footprint(key) > REMEMBERED_ENTRY_BYTES:
+        return False
+    with _lock:
+        _remembered[key] = entry
+        while len(_remembered) > REMEMBERED:
+            _remembered.popitem(last=False)
+    return True
+
+
+def remembered_bytes() -> int:
+    """The footprint of every remembered entry and its key: at most REMEMBERED_BYTES."""
+    with _lock:
+        entries = list(_remembered.items())
+    return sum(footprint(key) + footprint(entry) for key, entry in entries)
+
+
+def footprint(value: object) -> int:
+    """The bytes `value` holds, as sys.getsizeof counts them, through its dataclass
+    fields, tuples, sets and mappings (shared objects, interned or not, counted each
+    time: an over-estimate). Descriptions are small, so the walk is short; a big file
+    list is walked once, to be refused."""
+    size = sys.getsizeof(value)
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        fields = dataclasses.fields(value)
+        return size + sum(footprint(getattr(value, field.name)) for field in fields)
+    if isinstance(value, Mapping):
+        return size + sum(footprint(key) + footprint(item) for key, item in value.items())
+    if isinstance(value, tuple | list | frozenset | set):
+        return size + sum(footprint(item) for item in value)
+    return size
 
 
 def _read(repo: RemoteRepo, hub: HubReference) -> _Read:

@@ -27,6 +27,9 @@ class QuantScheme(enum.Enum):
 
 # MLX's own quantization modes (mlx.core.quantize's `mode`).
 BLOCK_SCALED_FLOAT_MODES = frozenset({"mxfp4", "mxfp8", "nvfp4"})
+# A method or dtype name is a word ("awq", "bitsandbytes", "bfloat16"); a config's
+# longer one is kept cut to this, so a description stays small whatever it named.
+METHOD_CHARACTERS = 64
 _FLOAT_BITS = {"f32": 32, "float32": 32, "f16": 16, "float16": 16, "bf16": 16, "bfloat16": 16}
 
 
@@ -69,22 +72,27 @@ def from_checkpoint_config(config: Mapping[str, Any]) -> Quantization:
             return _from_mlx_block(hf_block)
         return Quantization(
             QuantScheme.UNKNOWN_METHOD,
-            str(method).lower(),
+            _name(method),
             _int(hf_block.get("bits") or hf_block.get("w_bit")),
             _int(hf_block.get("group_size") or hf_block.get("q_group_size")),
         )
-    dtype = str(config.get("torch_dtype") or config.get("dtype") or "float16").lower()
+    dtype = _name(config.get("torch_dtype") or config.get("dtype") or "float16")
     return Quantization(QuantScheme.UNQUANTIZED, dtype, _FLOAT_BITS.get(dtype, 0))
 
 
 def _from_mlx_block(block: Mapping[str, Any]) -> Quantization:
-    mode = str(block.get("mode") or "affine").lower()
+    mode = _name(block.get("mode") or "affine")
     bits, group_size = _int(block.get("bits")), _int(block.get("group_size"))
     if mode in BLOCK_SCALED_FLOAT_MODES:
         return Quantization(QuantScheme.BLOCK_SCALED_FLOAT, mode, bits, group_size)
     if mode == "affine":
         return Quantization(QuantScheme.AFFINE_GROUP_INT, "affine", bits, group_size)
     return Quantization(QuantScheme.UNKNOWN_METHOD, mode, bits, group_size)
+
+
+def _name(value: Any) -> str:
+    """A method, mode or dtype as named in a config, lower case, at most METHOD_CHARACTERS."""
+    return str(value)[: METHOD_CHARACTERS * 4].lower()[:METHOD_CHARACTERS]
 
 
 def _int(value: Any) -> int:
