@@ -31,6 +31,10 @@ CONCURRENT_READS = 2
 # some 60-400 bytes, so 8 MiB of `{}` would cost about a gigabyte to parse. A real
 # listing has two per file (the file, its LFS pointer): 38,000 files need 76,000.
 LISTING_CONTAINERS = 1 << 17
+# Items (array elements, object members) a listing may hold: seven a file as the hub
+# writes them (266,000 for 38,000 files); 8 MiB of two-letter strings are 1.6 million,
+# some 100 MB parsed.
+LISTING_ITEMS = 1 << 19
 CONFIG_CONTAINERS = 1 << 16
 
 
@@ -38,6 +42,12 @@ def json_containers(raw: bytes) -> int:
     """An upper bound on the JSON objects and arrays in `raw`, counted at C speed
     without parsing (brackets inside strings count too)."""
     return raw.count(b"{") + raw.count(b"[")
+
+
+def json_items(raw: bytes) -> int:
+    """An upper bound on the items in `raw`'s arrays and objects: every one but a
+    container's first follows a comma (commas inside strings count too)."""
+    return raw.count(b",") + json_containers(raw)
 
 
 class BudgetSpent(Exception):

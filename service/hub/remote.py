@@ -24,7 +24,14 @@ from typing import Any, BinaryIO, cast
 from urllib.parse import quote
 
 from service.errors import DataLoss, NotSupported, Unavailable, excerpt
-from service.hub.budget import LISTING_BYTES, LISTING_CONTAINERS, ReadBudget, json_containers
+from service.hub.budget import (
+    LISTING_BYTES,
+    LISTING_CONTAINERS,
+    LISTING_ITEMS,
+    ReadBudget,
+    json_containers,
+    json_items,
+)
 from service.hub.client import (
     HubClient,
     TooLarge,
@@ -88,6 +95,12 @@ class RemoteRepo:
                 f"the hub's file listing of {self._label} holds more than "
                 f"{LISTING_CONTAINERS} JSON objects and arrays (two a file); this server "
                 "reads no more. Download the files you need yourself and serve them by path"
+            )
+        if json_items(body) > LISTING_ITEMS:
+            raise NotSupported(
+                f"the hub's file listing of {self._label} holds more than {LISTING_ITEMS} "
+                "JSON values (seven a file); this server reads no more. Download the files "
+                "you need yourself and serve them by path"
             )
         try:
             info = json.loads(body)
