@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncGenerator, Callable, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -75,13 +75,13 @@ class Engine(Protocol):
 
     def generate(
         self, request: GenerationRequest, received_at: float
-    ) -> AsyncIterator[pb.GenerateResponse]:
+    ) -> AsyncGenerator[pb.GenerateResponse, None]:
         """The responses of one generation; stopping early cancels it."""
         ...
 
     def generate_image(
         self, request: ImageRequest, received_at: float
-    ) -> AsyncIterator[ImageStep | RenderedImage]:
+    ) -> AsyncGenerator[ImageStep | RenderedImage, None]:
         """Progress, then the image; stopping early cancels it."""
         ...
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncGenerator, Sequence
 from typing import TypeVar
 
 from inference.v1 import inference_pb2 as pb
@@ -70,21 +70,27 @@ class LocalEngine:
 
     async def generate(
         self, request: GenerationRequest, received_at: float
-    ) -> AsyncIterator[pb.GenerateResponse]:
+    ) -> AsyncGenerator[pb.GenerateResponse, None]:
         # With a GPU the loop is woken through the relay thread (see Channel).
         relayed = self.core.info.computes_off_cpu
         channel: Channel[pb.GenerateResponse] = Channel(asyncio.get_running_loop(), relayed)
         self.core.submit_text(request, received_at, channel)
-        async for response in channel:
-            yield response
+        try:
+            async for response in channel:
+                yield response
+        finally:  # with this generator, not when the channel's own iterator is collected
+            channel.cancelled.set()
 
     async def generate_image(
         self, request: ImageRequest, received_at: float
-    ) -> AsyncIterator[ImageStep | RenderedImage]:
+    ) -> AsyncGenerator[ImageStep | RenderedImage, None]:
         channel: Channel[ImageStep | RenderedImage] = Channel(asyncio.get_running_loop())
         self.core.submit_image(request, received_at, channel)
-        async for item in channel:
-            yield item
+        try:
+            async for item in channel:
+                yield item
+        finally:
+            channel.cancelled.set()
 
     async def embed(self, request: EmbedRequest) -> Embedded:
         channel: Channel[Embedded] = Channel(asyncio.get_running_loop())

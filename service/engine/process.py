@@ -27,7 +27,8 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncGenerator, Sequence
+from contextlib import aclosing
 from typing import IO
 
 import structlog
@@ -169,13 +170,14 @@ class EngineProcess:
 
     async def generate(
         self, request: GenerationRequest, received_at: float
-    ) -> AsyncIterator[pb.GenerateResponse]:
+    ) -> AsyncGenerator[pb.GenerateResponse, None]:
         socket_id = next(self._ids)
         message = wire.generate_message(
             socket_id, request, received_at, request_id=current_request_id()
         )
-        async for event in self._exchange(socket_id, message, self._ceiling()):
-            yield event.text
+        async with aclosing(self._exchange(socket_id, message, self._ceiling())) as events:
+            async for event in events:
+                yield event.text
 
     async def tokenize(self, request: GenerationRequest) -> pb.TokenizeResponse:
         socket_id = next(self._ids)
@@ -201,17 +203,18 @@ class EngineProcess:
 
     async def generate_image(
         self, request: ImageRequest, received_at: float
-    ) -> AsyncIterator[ImageStep | RenderedImage]:
+    ) -> AsyncGenerator[ImageStep | RenderedImage, None]:
         socket_id = next(self._ids)
         message = wire.image_message(
             socket_id, request, received_at, request_id=current_request_id()
         )
-        async for event in self._exchange(socket_id, message, watch_cancel=True):
-            if event.WhichOneof("event") == "image":
-                yield wire.rendered_image(event.image)
-            else:
-                progress = event.image_progress
-                yield ImageStep(progress.step, progress.total_steps, progress.elapsed_ms)
+        async with aclosing(self._exchange(socket_id, message, watch_cancel=True)) as events:
+            async for event in events:
+                if event.WhichOneof("event") == "image":
+                    yield wire.rendered_image(event.image)
+                else:
+                    progress = event.image_progress
+                    yield ImageStep(progress.step, progress.total_steps, progress.elapsed_ms)
 
     async def embed(self, request: EmbedRequest) -> Embedded:
         socket_id = next(self._ids)
@@ -255,7 +258,7 @@ class EngineProcess:
         ceiling: float | None = None,
         *,
         watch_cancel: bool = False,
-    ) -> AsyncIterator[epb.Event]:
+    ) -> AsyncGenerator[epb.Event, None]:
         """Send one request; yield its events until its end, raising its error. With a
         `ceiling`, the request may last that long after its first event, no longer. With
         `watch_cancel`, a cancel it sends must be answered by the request's end within
@@ -289,7 +292,10 @@ class EngineProcess:
         if deadline is None:
             return await queue.get()
         try:
-            return await asyncio.wait_for(queue.get(), max(0.0, deadline - time.monotonic()))
+            # Not asyncio.wait_for: on Python 3.11 it loses a cancel that comes as the
+            # item does, and the request then decodes to max_tokens with nobody waiting.
+            async with asyncio.timeout(max(0.0, deadline - time.monotonic())):
+                return await queue.get()
         except TimeoutError:
             raise TimedOut(
                 f"model {self.name!r} did not end the generation within its ceiling of "

@@ -15,9 +15,10 @@ its `summary` dict.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from collections.abc import AsyncGenerator, Awaitable, Callable, Iterator
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
@@ -214,26 +215,30 @@ def unary_rpc(
 
 
 def stream_rpc(
-    method: Callable[[Servicer, Request, Summary], AsyncIterator[Response]],
-) -> Callable[[Servicer, Request, Context], AsyncIterator[Response]]:
+    method: Callable[[Servicer, Request, Summary], AsyncGenerator[Response, None]],
+) -> Callable[[Servicer, Request, Context], Awaitable[None]]:
+    """A streaming RPC whose handler writes each message itself (`context.write`).
+
+    gRPC ends an RPC (a deadline, a cancel, a client gone) by cancelling the task
+    that runs its handler. A handler that is an async generator is suspended at
+    its yield while gRPC writes, so a cancel that comes then is raised in gRPC's
+    own loop, not in the handler: nothing closes the generator, and whatever it
+    holds (a concurrency slot, a sequence decoding to max_tokens) waits for the
+    garbage collector, minutes when a reference cycle holds it. Here the cancel
+    is raised inside the handler wherever the RPC is, and `aclosing` closes the
+    method's generator, and through it everything it was iterating, at once."""
+
     @functools.wraps(method)
-    async def wrapper(
-        self: Servicer, request: Request, context: Context
-    ) -> AsyncIterator[Response]:
+    async def wrapper(self: Servicer, request: Request, context: Context) -> None:
         outcome = _RpcOutcome(method.__name__, self.metrics)
         try:
             outcome.begin(context, self.auth)
-            async for response in method(self, await _decoded(self, request), outcome.summary):
-                await outcome.answering(context)
-                # The task writing this message: not always the one that began the RPC.
-                task = asyncio.current_task()
-                assert task is not None
-                seconds = self.send_stall_seconds
-                with send_deadline(
-                    seconds, outcome.method, outcome.summary, self.metrics, task.cancel
-                ):
-                    yield response
-        except (asyncio.CancelledError, GeneratorExit):
+            responses = method(self, await _decoded(self, request), outcome.summary)
+            async with contextlib.aclosing(responses):
+                async for response in responses:
+                    await outcome.answering(context)
+                    await _sent(self, outcome, context, response)
+        except asyncio.CancelledError:
             outcome.cancelled(context)
             raise
         except Exception as exc:
@@ -242,3 +247,12 @@ def stream_rpc(
             outcome.write()
 
     return wrapper
+
+
+async def _sent(servicer: Observed, outcome: _RpcOutcome, context: Context, response: Any) -> None:
+    """Write one message, giving the stream up past the send stall."""
+    task = asyncio.current_task()
+    assert task is not None
+    seconds = servicer.send_stall_seconds
+    with send_deadline(seconds, outcome.method, outcome.summary, servicer.metrics, task.cancel):
+        await context.write(response)

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import AsyncGenerator, AsyncIterator
+from collections.abc import AsyncGenerator
+from contextlib import aclosing
 from pathlib import Path
 
 from inference.v1 import inference_pb2 as pb
@@ -81,7 +82,7 @@ class InferenceServicer(pb_grpc.InferenceServicer):
     @stream_rpc
     async def Generate(
         self, request: pb.GenerateRequest, summary: Summary
-    ) -> AsyncIterator[pb.GenerateResponse]:
+    ) -> AsyncGenerator[pb.GenerateResponse, None]:
         received_at = time.monotonic()  # the contract's clock for ttft_ms and queue_ms
         # What costs nothing is checked on the event loop; converting the request
         # (a grammar to compile, thousands of messages) is not, and runs off it.
@@ -93,12 +94,16 @@ class InferenceServicer(pb_grpc.InferenceServicer):
         # hears how it goes, not silence.
         pulled: PullState | None = None
         pull_began = time.monotonic()
-        async for pulled in self._pulls.before_generate(summary["model"]):
-            yield pb.GenerateResponse(pull_progress=_progress_pb(pulled))
+        # Each generator iterated across a yield is closed as the stream ends, however
+        # it ends: see stream_rpc.
+        async with aclosing(self._pulls.before_generate(summary["model"])) as pulling:
+            async for pulled in pulling:
+                yield pb.GenerateResponse(pull_progress=_progress_pb(pulled))
         pull_ms = round((time.monotonic() - pull_began) * 1000) if pulled else 0
         generated = self._generated(generation, received_at, summary, pulled, pull_ms)
-        async for response in ahead_of_reader(generated, self._stream_buffer_bytes):
-            yield response
+        async with aclosing(ahead_of_reader(generated, self._stream_buffer_bytes)) as responses:
+            async for response in responses:
+                yield response
 
     async def _generated(
         self,
@@ -109,8 +114,9 @@ class InferenceServicer(pb_grpc.InferenceServicer):
         pull_ms: int,
     ) -> AsyncGenerator[pb.GenerateResponse, None]:
         """The generation, holding a slot until it ends, not until the client has read it."""
-        async with self._gate.slot(summary["model"]):
-            async for response in self._text.generate(generation, received_at=received_at):
+        generating = self._text.generate(generation, received_at=received_at)
+        async with self._gate.slot(summary["model"]), aclosing(generating):
+            async for response in generating:
                 kind = response.WhichOneof("event")
                 if kind == "started":
                     if pulled is not None:
@@ -213,18 +219,19 @@ class InferenceServicer(pb_grpc.InferenceServicer):
     @stream_rpc
     async def Pull(
         self, request: pb.PullRequest, summary: Summary
-    ) -> AsyncIterator[pb.PullResponse]:
+    ) -> AsyncGenerator[pb.PullResponse, None]:
         check_model_name(request.model)
         summary["model"] = request.model
         capability = _capability(request.capability)
         started = False
         transferred = 0
-        async for step in self._pulls.transfer(request.model, capability):
-            if not started:
-                started = True
-                yield _pull_started(step.decision, step.state.cached)
-            yield pb.PullResponse(progress=_progress_pb(step.state))
-            transferred = step.state.transferred
+        async with aclosing(self._pulls.transfer(request.model, capability)) as steps:
+            async for step in steps:
+                if not started:
+                    started = True
+                    yield _pull_started(step.decision, step.state.cached)
+                yield pb.PullResponse(progress=_progress_pb(step.state))
+                transferred = step.state.transferred
         # Resolved afresh: the reference now leads into the cache.
         spec = await asyncio.to_thread(self._pool.catalog.resolve, request.model)
         report = await self._admission_report(spec, capability)
@@ -255,21 +262,23 @@ class InferenceServicer(pb_grpc.InferenceServicer):
     @stream_rpc
     async def GenerateImage(
         self, request: pb.GenerateImageRequest, summary: Summary
-    ) -> AsyncIterator[pb.GenerateImageResponse]:
+    ) -> AsyncGenerator[pb.GenerateImageResponse, None]:
         received_at = time.monotonic()
         check_model_name(request.model)
         image_request = ImageRequest.from_pb(request, self._image_limits, self._default_image_model)
         summary.update(model=image_request.model, seed=image_request.seed)
         rendered = self._rendered(image_request, received_at, summary)
-        async for response in ahead_of_reader(rendered, self._stream_buffer_bytes):
-            yield response
+        async with aclosing(ahead_of_reader(rendered, self._stream_buffer_bytes)) as responses:
+            async for response in responses:
+                yield response
 
     async def _rendered(
         self, request: ImageRequest, received_at: float, summary: Summary
     ) -> AsyncGenerator[pb.GenerateImageResponse, None]:
         """The image's events, holding a slot until it is made, not until it is read."""
-        async with self._gate.slot(request.model):
-            async for event in self._images.generate(request, received_at=received_at):
+        rendering = self._images.generate(request, received_at=received_at)
+        async with self._gate.slot(request.model), aclosing(rendering):
+            async for event in rendering:
                 if isinstance(event, ImageDone):
                     if self.metrics is not None:
                         self.metrics.image(event)

@@ -18,7 +18,8 @@ from __future__ import annotations
 import asyncio
 import threading
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncGenerator, Callable
+from contextlib import aclosing
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -60,7 +61,7 @@ class Puller:
         self._reservations = Reservations(cache_dir)
         self._transfers: dict[tuple[str, str, tuple[str, ...]], _Transfer] = {}
 
-    async def pull(self, hub: HubReference, download: Download) -> AsyncIterator[PullState]:
+    async def pull(self, hub: HubReference, download: Download) -> AsyncGenerator[PullState, None]:
         """The transfer's states until it ends, joining one under way for the same files.
         The last state is `finished`; a failed transfer raises its error."""
         key = (download.repo_id, download.commit, tuple(download.files))
@@ -73,10 +74,11 @@ class Puller:
             transfer.start(lambda: self._forget(key, transfer))
         transfer.followers += 1
         try:
-            async for state in transfer.states():
-                if state.error is not None:
-                    raise state.error
-                yield state
+            async with aclosing(transfer.states()) as states:
+                async for state in states:
+                    if state.error is not None:
+                        raise state.error
+                    yield state
         finally:
             transfer.followers -= 1
             if transfer.followers == 0:
@@ -129,7 +131,7 @@ class _Transfer:
 
         self._task = asyncio.create_task(run())
 
-    async def states(self) -> AsyncIterator[PullState]:
+    async def states(self) -> AsyncGenerator[PullState, None]:
         while True:
             state = self.state
             if state.surveyed or state.finished:

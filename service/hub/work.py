@@ -50,7 +50,8 @@ class HubWork:
         )
         future.add_done_callback(self._finished)
         try:
-            return await asyncio.wait_for(asyncio.wrap_future(future), self._timeout)
+            async with asyncio.timeout(self._timeout):  # wait_for can lose a cancel (3.11)
+                return await asyncio.wrap_future(future)
         except TimeoutError:
             raise Unavailable(
                 f"the Hugging Face hub did not answer within {self._timeout:g} s; retry later"

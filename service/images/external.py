@@ -27,7 +27,7 @@ import subprocess
 import tempfile
 import time
 import zlib
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncGenerator, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -164,7 +164,7 @@ async def run_external(
     request: ImageRequest,
     timeout: float,
     started: float | None = None,
-) -> AsyncIterator[ImageStep | RenderedImage]:
+) -> AsyncGenerator[ImageStep | RenderedImage, None]:
     """Run the command; yield progress parsed from its stderr, then the image.
 
     Progress times count from `started` (time.monotonic; None: now).
@@ -213,7 +213,9 @@ class _Tail:
         self.text = (self.text + chunk)[-STDERR_TAIL:]
 
 
-async def _progress(stream: asyncio.StreamReader, tail: _Tail) -> AsyncIterator[tuple[int, int]]:
+async def _progress(
+    stream: asyncio.StreamReader, tail: _Tail
+) -> AsyncGenerator[tuple[int, int], None]:
     """(step, total) pairs from progress bars; tqdm redraws with carriage returns."""
     pending, last = "", 0
     while chunk := await stream.read(4096):

@@ -572,7 +572,8 @@ class ModelPool:
         """
         change = self._change
         try:
-            await asyncio.wait_for(change.wait(), timeout)
+            async with asyncio.timeout(timeout):  # wait_for can lose a cancel (3.11)
+                await change.wait()
         except TimeoutError:
             return False
         return True

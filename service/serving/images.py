@@ -12,7 +12,8 @@ import asyncio
 import math
 import time
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator
+from contextlib import aclosing
 from pathlib import Path
 
 import structlog
@@ -60,7 +61,7 @@ class ImageGenerator:
 
     async def generate(
         self, request: ImageRequest, received_at: float | None = None
-    ) -> AsyncIterator[ImageEvent]:
+    ) -> AsyncGenerator[ImageEvent, None]:
         """Progress, then the image; times count from `received_at` (time.monotonic),
         when the request reached the server, taken by the caller. None: now."""
         started = time.monotonic() if received_at is None else received_at
@@ -69,35 +70,38 @@ class ImageGenerator:
             events = self._in_process(request, started)
         else:
             events = self._external(route, request, started)
-        async for event in events:
-            if isinstance(event, ImageStep):
-                yield event
-                continue
-            image, backend = event
-            await asyncio.to_thread(self._save, image, request)  # a disk write
-            total_ms = (time.monotonic() - started) * 1000
-            yield ImageDone(image, request.seed, request.model, backend, total_ms)
+        async with aclosing(events):
+            async for event in events:
+                if isinstance(event, ImageStep):
+                    yield event
+                    continue
+                image, backend = event
+                await asyncio.to_thread(self._save, image, request)  # a disk write
+                total_ms = (time.monotonic() - started) * 1000
+                yield ImageDone(image, request.seed, request.model, backend, total_ms)
 
     async def _external(
         self, route: ExternalRoute, request: ImageRequest, started: float
-    ) -> AsyncIterator[ImageStep | _Rendered]:
+    ) -> AsyncGenerator[ImageStep | _Rendered, None]:
         command = await asyncio.to_thread(self._commands.resolve)
         if command is None:
             raise NotSupported(self._commands.missing_reason())
         timeout = self._settings.image_command_timeout
-        async for event in run_external(command, route, request, timeout, started):
-            yield event if isinstance(event, ImageStep) else (event, EXTERNAL)
+        async with aclosing(run_external(command, route, request, timeout, started)) as events:
+            async for event in events:
+                yield event if isinstance(event, ImageStep) else (event, EXTERNAL)
 
     async def _in_process(
         self, request: ImageRequest, started: float
-    ) -> AsyncIterator[ImageStep | _Rendered]:
+    ) -> AsyncGenerator[ImageStep | _Rendered, None]:
         need, what = self._working_memory(request)
         self._check_size(request, need, None)  # before the model is loaded for nothing
         async with self._pool.use(request.model, Capability.IMAGE) as model:
             engine = model.require(Capability.IMAGE)
             self._check_size(request, need, model)
-            async with self._pool.working_memory(need, what):
-                async for item in engine.generate_image(request, started):
+            rendering = engine.generate_image(request, started)
+            async with self._pool.working_memory(need, what), aclosing(rendering):
+                async for item in rendering:
                     yield (item, engine.info.backend) if isinstance(item, RenderedImage) else item
 
     def _working_memory(self, request: ImageRequest) -> tuple[int, str]:

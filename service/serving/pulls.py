@@ -9,7 +9,8 @@ concurrent callers share. A model already on disk needs no transfer.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator
+from contextlib import aclosing
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -48,7 +49,7 @@ class Pulls:
         self.cache_dir = cache_dir
         self._may_delete = may_delete and cache_dir is not None
 
-    async def transfer(self, model: str, capability: Capability) -> AsyncIterator[PullStep]:
+    async def transfer(self, model: str, capability: Capability) -> AsyncGenerator[PullStep, None]:
         """The steps of pulling `model`. A cached copy is checked against the hub's
         hashes, and what fails is fetched again; a sound one moves no byte."""
         if self._puller is None:
@@ -56,10 +57,11 @@ class Pulls:
         spec, source = await self._resolve(model)
         if source.hub is None:
             raise InvalidRequest(f"{model!r} is not a Hugging Face hub model: nothing to pull")
-        async for step in self._fetch(model, spec, source.hub, capability):
-            yield step
+        async with aclosing(self._fetch(model, spec, source.hub, capability)) as steps:
+            async for step in steps:
+                yield step
 
-    async def before_generate(self, model: str) -> AsyncIterator[PullState]:
+    async def before_generate(self, model: str) -> AsyncGenerator[PullState, None]:
         """With --pull-on-demand, pull a hub model that is not on disk, and say how it
         goes; nothing when pulling on demand is off or the model needs no pull."""
         if not self._on_demand:
@@ -67,8 +69,9 @@ class Pulls:
         spec, source = await self._resolve(model)
         if source.hub is None or source.available_locally:
             return
-        async for step in self._fetch(model, spec, source.hub, Capability.TEXT):
-            yield step.state
+        async with aclosing(self._fetch(model, spec, source.hub, Capability.TEXT)) as steps:
+            async for step in steps:
+                yield step.state
 
     async def cached(self) -> list[CachedModel]:
         """What the hub cache holds."""
@@ -111,7 +114,7 @@ class Pulls:
 
     async def _fetch(
         self, model: str, spec: ModelSpec, hub: HubReference, capability: Capability
-    ) -> AsyncIterator[PullStep]:
+    ) -> AsyncGenerator[PullStep, None]:
         """Admission, the disk check, then the (shared) transfer."""
         assert self._puller is not None
         if self.cache_dir is not None:  # before the hub is asked anything
@@ -124,5 +127,6 @@ class Pulls:
         download = decision.download
         if not decision.admitted or download is None:
             raise NotSupported(f"{model!r} is not pulled: {decision.reason}")
-        async for state in self._puller.pull(hub, download):
-            yield PullStep(decision, state)
+        async with aclosing(self._puller.pull(hub, download)) as states:
+            async for state in states:
+                yield PullStep(decision, state)

@@ -8,7 +8,8 @@ module holds the model for the length of the stream.
 from __future__ import annotations
 
 import time
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncGenerator, Sequence
+from contextlib import aclosing
 
 from inference.v1 import inference_pb2 as pb
 from service.admission import Capability
@@ -22,7 +23,7 @@ class TextGenerator:
 
     async def generate(
         self, request: GenerationRequest, received_at: float | None = None
-    ) -> AsyncIterator[pb.GenerateResponse]:
+    ) -> AsyncGenerator[pb.GenerateResponse, None]:
         """The responses of one generation.
 
         `received_at` (time.monotonic) is when the request reached the server: the
@@ -33,8 +34,10 @@ class TextGenerator:
             received_at = time.monotonic()
         async with self._pool.use(request.model) as model:
             engine = model.require(Capability.TEXT)
-            async for response in engine.generate(request, received_at):
-                yield response
+            # Closed with this generator, however it ends: the engine hears the cancel now.
+            async with aclosing(engine.generate(request, received_at)) as responses:
+                async for response in responses:
+                    yield response
 
     async def tokenize(self, request: GenerationRequest) -> pb.TokenizeResponse:
         """The ids `request`'s prompt or messages become in its model."""
