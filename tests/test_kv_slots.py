@@ -238,3 +238,38 @@ def test_per_sequence_a_continued_conversation_moves_down_to_the_running_ones() 
         True,
     )
     assert placement.reuse == 3
+
+
+def test_a_repeated_prompt_branches_inside_its_long_answer_when_a_copy_finds_no_room() -> None:
+    # Issue 46: after a long answer, the same prompt was refused room, because the
+    # conversation it would copy its prefix from was spared from eviction.
+    table = SlotTable(slots=4, capacity=100)
+    prompt = list(range(1, 31))
+    conversation = started(table, prompt, max_tokens=60)
+    finish(table, conversation, prompt + [7] * 60)
+    placement = table.place(prompt, max_tokens=60)
+    assert placement is not None
+    assert placement.slot.seq_id == conversation
+    assert (placement.keep, placement.reuse, placement.copy_from) == (29, 29, None)
+
+
+def test_a_repeated_prompt_still_copies_when_the_conversation_and_it_both_fit() -> None:
+    table = SlotTable(slots=4, capacity=200)
+    prompt = list(range(1, 31))
+    conversation = started(table, prompt, max_tokens=60)
+    finish(table, conversation, prompt + [7] * 60)
+    placement = table.place(prompt, max_tokens=60)
+    assert placement is not None
+    assert placement.slot.seq_id != conversation
+    assert placement.copy_from is table.slots[conversation]
+
+
+def test_any_request_that_fits_the_cache_is_placed_once_nothing_runs() -> None:
+    # Whatever idle conversations hold, an empty batch never answers "no room".
+    table = SlotTable(slots=3, capacity=64)
+    histories = [[1, 2, 3] + [4] * 40, [1, 2, 9] + [5] * 50, [8] * 30]
+    for history in histories:
+        finish(table, started(table, history[:3], max_tokens=1), history)
+    for prompt in ([1, 2, 3, 4], [1, 2, 9], [8] * 20, [1] + [6] * 40, [1, 2, 3] + [4] * 40):
+        placement = table.place(prompt, max_tokens=64 - len(prompt))
+        assert placement is not None, prompt

@@ -118,14 +118,34 @@ class SlotTable:
                 return self._placement(donor, common, None, need=prompt, more=max_tokens)
             placement = self._placement(lower, 0, donor, need=prompt, more=max_tokens)
             return placement and replace(placement, moves=True)
+        for slot, keep, copy_from in self._branch_choices(donor, common):
+            placement = self._placement(slot, keep, copy_from, need=prompt, more=max_tokens)
+            if placement is not None:
+                return placement
+        return None
+
+    def _branch_choices(
+        self, donor: Slot | None, common: int
+    ) -> list[tuple[Slot, int, Slot | None]]:
+        """Where a prompt that shares `common` tokens with `donor` (but does not extend
+        it) may go, best first, as (slot, tokens kept, slot copied from).
+
+        Best is a free slot with the shared prefix copied in, which keeps the donor's
+        conversation for its own next turn. When that leaves no room (the donor is
+        counted whole: a long answer after the same prompt), the cached conversation
+        yields to the request: the prompt branches inside the donor, reusing the
+        prefix and giving up the rest. A request that fits the cache is never
+        refused room because its own prefix is cached."""
         target = self._free_slot(exclude=donor)
-        if target is None and donor is not None and not donor.busy:
-            # No other slot is free: branch off inside the donor itself.
-            return self._placement(donor, keep=common, copy_from=None, need=prompt, more=max_tokens)
-        if target is None:
-            return None
-        copy_from = donor if donor is not None and self._worth_copying(donor, common) else None
-        return self._placement(target, keep=0, copy_from=copy_from, need=prompt, more=max_tokens)
+        worth = donor is not None and self._worth_copying(donor, common)
+        choices: list[tuple[Slot, int, Slot | None]] = []
+        if target is not None:
+            choices.append((target, 0, donor if worth else None))
+        if donor is not None and not donor.busy:
+            choices.append((donor, common, None))
+        if target is not None and worth:
+            choices.append((target, 0, None))  # the donor may be evicted like any other
+        return choices
 
     def _empty_slot_below(self, slot: Slot) -> Slot | None:
         """With a per-sequence cache, the lowest empty slot below `slot`, to move a
