@@ -32,8 +32,10 @@ def convert_checkpoint(checkpoint: Path, out: Path, out_type: str = "f16") -> Pa
     only once it is whole."""
     with tempfile.TemporaryDirectory(prefix="gguf-convert-") as work:
         converter = _converter(Path(work))
-        partial = out.with_name(out.name + ".partial")
         out.parent.mkdir(parents=True, exist_ok=True)
+        # A name of its own: two installs sharing one cache each write their own copy,
+        # and the last whole one wins.
+        partial = out.with_name(f"{out.name}.{os.getpid()}.partial")
         subprocess.run(
             [
                 sys.executable,
