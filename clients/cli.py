@@ -37,16 +37,27 @@ from inference.v1 import inference_pb2_grpc as pb_grpc
 DEFAULT_TARGET = "127.0.0.1:50051"
 
 
+class UsageError(Exception):
+    """A mistake in how the client was called: printed as one line, exit status 2."""
+
+
 def _channel(args: argparse.Namespace) -> grpc.Channel:
     """Plaintext, or TLS when a CA is given (mutual when a client certificate is too)."""
     if args.tls_ca is None:
         return grpc.insecure_channel(args.target)
     credentials = grpc.ssl_channel_credentials(
-        root_certificates=args.tls_ca.read_bytes(),
-        private_key=args.tls_key.read_bytes() if args.tls_key else None,
-        certificate_chain=args.tls_cert.read_bytes() if args.tls_cert else None,
+        root_certificates=_pem(args.tls_ca, "--tls-ca"),
+        private_key=_pem(args.tls_key, "--tls-key") if args.tls_key else None,
+        certificate_chain=_pem(args.tls_cert, "--tls-cert") if args.tls_cert else None,
     )
     return grpc.secure_channel(args.target, credentials)
+
+
+def _pem(path: Path, option: str) -> bytes:
+    try:
+        return path.read_bytes()
+    except OSError as exc:
+        raise UsageError(f"{option} {path}: {exc.strerror or exc}") from exc
 
 
 def _metadata(args: argparse.Namespace) -> list[tuple[str, str]]:
@@ -109,27 +120,57 @@ def _summary_line(finished: pb.GenerationFinished) -> str:
 
 
 def _print_stream(stream: Iterable[pb.GenerateResponse], as_json: bool) -> None:
-    bar: tqdm[NoReturn] | None = None  # a pull before the generation (--pull-on-demand)
-    for response in stream:
-        if as_json:
+    printer = _StreamPrinter(as_json)
+    try:
+        for response in stream:
+            printer.show(response)
+    finally:
+        printer.end()
+
+
+class _StreamPrinter:
+    """Text on stdout as it comes, the rest on stderr; an error that cuts the text
+    short is printed on a line of its own."""
+
+    def __init__(self, as_json: bool) -> None:
+        self._as_json = as_json
+        self._bar: tqdm[NoReturn] | None = None  # a pull first (--pull-on-demand)
+        self._mid_line = False
+
+    def show(self, response: pb.GenerateResponse) -> None:
+        if self._as_json:
             print(json_format.MessageToJson(response, indent=None), flush=True)
-            continue
+            return
         event = response.WhichOneof("event")
         if event == "pull_progress":
-            progress = response.pull_progress
-            bar = bar or _bytes_bar("pulling", progress.bytes_total, progress.bytes_done)
-            bar.update(progress.bytes_done - bar.n)
-            continue
-        if bar is not None:
-            bar.close()
-            bar = None
+            self._pulled(response.pull_progress)
+            return
+        self._close_bar()
         if event == "delta":
-            print(response.delta.text, end="", flush=True)
+            text = response.delta.text
+            print(text, end="", flush=True)
+            self._mid_line = (self._mid_line and not text) or (bool(text) and text[-1] != "\n")
         elif event == "finished":
+            self._mid_line = False
             print(file=sys.stderr)
             for call in response.finished.tool_calls:
                 print(f"[tool call: {call.name} {call.arguments_json}]", file=sys.stderr)
             print(_summary_line(response.finished), file=sys.stderr)
+
+    def end(self) -> None:
+        self._close_bar()
+        if self._mid_line:
+            print(flush=True)
+
+    def _pulled(self, progress: pb.PullProgress) -> None:
+        if self._bar is None:
+            self._bar = _bytes_bar("pulling", progress.bytes_total, progress.bytes_done)
+        self._bar.update(progress.bytes_done - self._bar.n)
+
+    def _close_bar(self) -> None:
+        if self._bar is not None:
+            self._bar.close()
+            self._bar = None
 
 
 def generate(args: argparse.Namespace) -> int:
@@ -493,6 +534,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         return int(args.run(args))
     except grpc.RpcError as exc:
         print(f"error: {exc.code().name}: {exc.details()}", file=sys.stderr)
+        return 2
+    except UsageError as exc:
+        print(f"error: {exc}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         return 130

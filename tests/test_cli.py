@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator
 from pathlib import Path
 
+import grpc
 import pytest
 
-from clients.cli import main
+from clients.cli import _print_stream, main
+from inference.v1 import inference_pb2 as pb
 from tests.certificates import make_pki
 from tests.conftest import GEMMA, RunningServer, make_settings, serving
 
@@ -113,3 +116,37 @@ def test_generate_with_a_grammar_and_logprobs(
     deltas = [event["delta"] for event in events if "delta" in event]
     assert "".join(delta["text"] for delta in deltas) in ("yes", "no")
     assert all(len(entry["topLogprobs"]) == 2 for d in deltas for entry in d["logprobs"])
+
+
+def test_an_unreadable_tls_file_is_one_line_naming_it(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    missing = tmp_path / "ca.pem"
+    code = main(["--tls-ca", str(missing), "--target", "127.0.0.1:1", "models"])
+    err = capsys.readouterr().err
+    assert code == 2
+    assert err == f"error: --tls-ca {missing}: No such file or directory\n"
+
+
+class _Expired(grpc.RpcError):
+    def code(self) -> grpc.StatusCode:
+        return grpc.StatusCode.DEADLINE_EXCEEDED
+
+    def details(self) -> str:
+        return "Deadline Exceeded"
+
+
+def _cut_short(texts: list[str]) -> Iterator[pb.GenerateResponse]:
+    for text in texts:
+        yield pb.GenerateResponse(delta=pb.TextDelta(text=text))
+    raise _Expired()
+
+
+@pytest.mark.parametrize("texts", [["Once", " upon"], ["a line\n"], []])
+def test_an_error_after_some_text_is_printed_on_a_line_of_its_own(
+    texts: list[str], capsys: pytest.CaptureFixture[str]
+) -> None:
+    with pytest.raises(grpc.RpcError):
+        _print_stream(_cut_short(texts), as_json=False)
+    out = capsys.readouterr().out
+    assert out == "".join(texts) + ("\n" if texts and not texts[-1].endswith("\n") else "")
