@@ -6,10 +6,6 @@ BIN := $(VENV)/bin
 # A portable CPU build of llama.cpp. The default native build dies with SIGILL
 # (AMX code) at the first decode on some of our machines.
 LLAMA_CMAKE_ARGS ?= -DGGML_NATIVE=OFF -DLLAVA_BUILD=OFF
-PROTO_OUT := .
-PROTOS := protos/inference/v1/inference.proto
-# The front's contract with its engine processes: Python only, never a client's.
-ENGINE_PROTOS := protos/inference/engine/v1/engine.proto
 
 .PHONY: install serve cluster test test-fast container-prerequisites lint protos bench clean image \
 	image-full image-proxy image-base \
@@ -102,19 +98,14 @@ lint:
 	$(BIN)/ruff format --check .
 	$(BIN)/mypy
 
-# Regenerates the clients from protos/: Python stubs in inference/v1/, and the
-# Node.js client's src/gen/ (needs its npm packages: make install).
-TS_CLIENT := clients/node
+# Regenerates everything generated from protos/ (scripts/protos.py lists it): the Python
+# stubs in inference/, the descriptor set inference/v1/inference.binpb (Envoy's
+# transcoder reads it), the Node.js client's src/gen/ (needs its npm packages: make
+# install) and the Go client's clients/go/inference/v1/ (needs protoc-gen-go and
+# protoc-gen-go-grpc: clients/go/README.md). tests/test_protos.py fails when a committed
+# file differs from what this writes.
 protos:
-	$(BIN)/python -m grpc_tools.protoc -I protos \
-		--python_out=$(PROTO_OUT) --pyi_out=$(PROTO_OUT) --grpc_python_out=$(PROTO_OUT) \
-		$(PROTOS)
-	$(BIN)/python -m grpc_tools.protoc -I protos \
-		--python_out=$(PROTO_OUT) --pyi_out=$(PROTO_OUT) $(ENGINE_PROTOS)
-	$(BIN)/python -m grpc_tools.protoc -I protos \
-		--plugin=protoc-gen-es=$(TS_CLIENT)/node_modules/.bin/protoc-gen-es \
-		--es_out=$(TS_CLIENT)/src/gen --es_opt=target=js+dts,import_extension=js \
-		$(PROTOS)
+	$(BIN)/python scripts/protos.py
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache
