@@ -7,7 +7,8 @@ BIN := $(VENV)/bin
 # (AMX code) at the first decode on some of our machines.
 LLAMA_CMAKE_ARGS ?= -DGGML_NATIVE=OFF -DLLAVA_BUILD=OFF
 
-.PHONY: install serve cluster test test-fast container-prerequisites lint protos bench clean image \
+.PHONY: install serve cluster test test-fast container-prerequisites lint buf-baseline protos bench \
+	clean image \
 	image-full image-proxy image-base \
 	cuda-fetch cuda-deps cuda-llama cuda-model cuda-bench
 
@@ -23,9 +24,11 @@ install:
 	# Sampling inside llama.cpp's graph: C built against the llama.cpp just installed.
 	$(BIN)/python -m service.backends.native.build_graph_sampler
 	$(BIN)/python -m service.models.embedded
-	# The Node.js client's packages, where npm exists (its tests are skipped otherwise).
-	if command -v npm >/dev/null; then npm ci --prefix clients/node --no-audit --no-fund; \
-	else echo "npm not found: the Node.js client is not installed"; fi
+	# The Node.js client's packages, and buf for make lint, where npm exists (their tests
+	# are skipped otherwise).
+	if command -v npm >/dev/null; then npm ci --prefix clients/node --no-audit --no-fund \
+		&& npm ci --prefix tools/buf --no-audit --no-fund; \
+	else echo "npm not found: the Node.js client and buf are not installed"; fi
 
 # gRPC on 127.0.0.1:50051, the OpenAI-compatible HTTP API on 127.0.0.1:8080.
 SERVE_HTTP_LISTEN ?= 127.0.0.1:8080
@@ -93,10 +96,24 @@ IMAGE_BASE ?= localhost/inference-base:bookworm
 image-base:
 	scripts/image/base.sh $(IMAGE_BASE)
 
+# buf (from npm, tools/buf; buf.yaml) lints protos/ and fails on a change that breaks
+# the released contract, protos/baseline/inference-v1.binpb. Where make install found no
+# npm, the buf checks are skipped, saying so.
+BUF := tools/buf/node_modules/.bin/buf
+BUF_BASELINE := protos/baseline/inference-v1.binpb
 lint:
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
+	@if [ -x $(BUF) ]; then \
+		echo "$(BUF) lint && $(BUF) breaking --against $(BUF_BASELINE)"; \
+		$(BUF) lint && $(BUF) breaking --against $(BUF_BASELINE); \
+	else echo "buf not installed (make install installs it where npm exists): buf lint and buf breaking skipped"; fi
 	$(BIN)/mypy
+
+# At each release: the contract as released becomes what buf breaking compares against
+# (commit the result with the release).
+buf-baseline:
+	$(BUF) build --path protos/inference/v1 --exclude-source-info -o $(BUF_BASELINE)
 
 # Regenerates everything generated from protos/ (scripts/protos.py lists it): the Python
 # stubs in inference/, the descriptor set inference/v1/inference.binpb (Envoy's

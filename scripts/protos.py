@@ -25,14 +25,11 @@ from pathlib import Path
 from grpc_tools import protoc
 
 ROOT = Path(__file__).resolve().parent.parent
-# The vendored google/api protos sit beside ours: one copy for protoc and buf. Last,
-# google/protobuf's own (descriptor.proto, which google/api imports), as grpc_tools
-# ships them: `python -m grpc_tools.protoc` adds them itself, protoc.main does not.
-INCLUDES = (
-    ROOT / "protos",
-    ROOT / "protos" / "third_party",
-    Path(str(resources.files("grpc_tools") / "_proto")),
-)
+# protos/ holds the vendored google/api protos too (protos/google/README.md): one copy
+# for protoc and buf. Then google/protobuf's own (descriptor.proto, which google/api
+# imports), as grpc_tools ships them: `python -m grpc_tools.protoc` adds them itself,
+# protoc.main does not.
+INCLUDES = (ROOT / "protos", Path(str(resources.files("grpc_tools") / "_proto")))
 CONTRACT = "inference/v1/inference.proto"
 ENGINE = "inference/engine/v1/engine.proto"
 GOOGLE_API = ("google/api/annotations.proto", "google/api/http.proto")
