@@ -84,7 +84,8 @@ _SAMPLING_FLAGS = (
 
 
 def _generate_request(args: argparse.Namespace) -> pb.GenerateRequest:
-    request = pb.GenerateRequest(model=args.model, stop=args.stop)
+    # A person watching is told why nothing comes yet; --json keeps the plain stream.
+    request = pb.GenerateRequest(model=args.model, stop=args.stop, report_loading=not args.json)
     if args.grammar is not None:
         request.grammar = args.grammar
     if args.json_schema is not None:
@@ -146,7 +147,9 @@ class _StreamPrinter:
             self._pulled(response.pull_progress)
             return
         self._close_bar()
-        if event == "delta":
+        if event == "loading":
+            print(f"loading {response.loading.model}...", file=sys.stderr, flush=True)
+        elif event == "delta":
             text = response.delta.text
             print(text, end="", flush=True)
             self._mid_line = (self._mid_line and not text) or (bool(text) and text[-1] != "\n")

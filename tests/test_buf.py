@@ -54,7 +54,7 @@ def test_the_protos_do_not_break_the_released_contract() -> None:
     ("pattern", "replacement", "complaint"),
     [
         # Renumbered: old clients' field 2 would land nowhere.
-        (r"^  string prompt = 2;", "  string prompt = 22;", "prompt"),
+        (r"^  string prompt = 2;", "  string prompt = 999;", "prompt"),
         # Removed without reserving its number.
         (r"^  uint32 completion_tokens = 2;\n", "", "completion_tokens"),
         # Renamed: a wire-compatible change, but JSON and every generated client break.

@@ -92,7 +92,7 @@ class ResponseFormat(_message.Message):
     def __init__(self, json_schema: _Optional[str] = ...) -> None: ...
 
 class GenerateRequest(_message.Message):
-    __slots__ = ("model", "prompt", "messages", "max_tokens", "stop", "temperature", "top_p", "top_k", "min_p", "repeat_penalty", "seed", "tools", "response_format", "grammar", "logprobs", "top_logprobs", "presence_penalty", "frequency_penalty", "tool_choice", "logit_bias", "prompt_token_ids")
+    __slots__ = ("model", "prompt", "messages", "max_tokens", "stop", "temperature", "top_p", "top_k", "min_p", "repeat_penalty", "seed", "tools", "response_format", "grammar", "logprobs", "top_logprobs", "presence_penalty", "frequency_penalty", "tool_choice", "logit_bias", "prompt_token_ids", "report_loading")
     class LogitBiasEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -121,6 +121,7 @@ class GenerateRequest(_message.Message):
     TOOL_CHOICE_FIELD_NUMBER: _ClassVar[int]
     LOGIT_BIAS_FIELD_NUMBER: _ClassVar[int]
     PROMPT_TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
+    REPORT_LOADING_FIELD_NUMBER: _ClassVar[int]
     model: str
     prompt: str
     messages: _containers.RepeatedCompositeFieldContainer[ChatMessage]
@@ -142,7 +143,8 @@ class GenerateRequest(_message.Message):
     tool_choice: ToolChoice
     logit_bias: _containers.ScalarMap[int, float]
     prompt_token_ids: _containers.RepeatedScalarFieldContainer[int]
-    def __init__(self, model: _Optional[str] = ..., prompt: _Optional[str] = ..., messages: _Optional[_Iterable[_Union[ChatMessage, _Mapping]]] = ..., max_tokens: _Optional[int] = ..., stop: _Optional[_Iterable[str]] = ..., temperature: _Optional[float] = ..., top_p: _Optional[float] = ..., top_k: _Optional[int] = ..., min_p: _Optional[float] = ..., repeat_penalty: _Optional[float] = ..., seed: _Optional[int] = ..., tools: _Optional[_Iterable[_Union[Tool, _Mapping]]] = ..., response_format: _Optional[_Union[ResponseFormat, _Mapping]] = ..., grammar: _Optional[str] = ..., logprobs: _Optional[bool] = ..., top_logprobs: _Optional[int] = ..., presence_penalty: _Optional[float] = ..., frequency_penalty: _Optional[float] = ..., tool_choice: _Optional[_Union[ToolChoice, _Mapping]] = ..., logit_bias: _Optional[_Mapping[int, float]] = ..., prompt_token_ids: _Optional[_Iterable[int]] = ...) -> None: ...
+    report_loading: bool
+    def __init__(self, model: _Optional[str] = ..., prompt: _Optional[str] = ..., messages: _Optional[_Iterable[_Union[ChatMessage, _Mapping]]] = ..., max_tokens: _Optional[int] = ..., stop: _Optional[_Iterable[str]] = ..., temperature: _Optional[float] = ..., top_p: _Optional[float] = ..., top_k: _Optional[int] = ..., min_p: _Optional[float] = ..., repeat_penalty: _Optional[float] = ..., seed: _Optional[int] = ..., tools: _Optional[_Iterable[_Union[Tool, _Mapping]]] = ..., response_format: _Optional[_Union[ResponseFormat, _Mapping]] = ..., grammar: _Optional[str] = ..., logprobs: _Optional[bool] = ..., top_logprobs: _Optional[int] = ..., presence_penalty: _Optional[float] = ..., frequency_penalty: _Optional[float] = ..., tool_choice: _Optional[_Union[ToolChoice, _Mapping]] = ..., logit_bias: _Optional[_Mapping[int, float]] = ..., prompt_token_ids: _Optional[_Iterable[int]] = ..., report_loading: _Optional[bool] = ...) -> None: ...
 
 class ToolChoice(_message.Message):
     __slots__ = ("name", "parallel_calls")
@@ -153,16 +155,24 @@ class ToolChoice(_message.Message):
     def __init__(self, name: _Optional[str] = ..., parallel_calls: _Optional[bool] = ...) -> None: ...
 
 class GenerateResponse(_message.Message):
-    __slots__ = ("started", "delta", "finished", "pull_progress")
+    __slots__ = ("started", "delta", "finished", "pull_progress", "loading")
     STARTED_FIELD_NUMBER: _ClassVar[int]
     DELTA_FIELD_NUMBER: _ClassVar[int]
     FINISHED_FIELD_NUMBER: _ClassVar[int]
     PULL_PROGRESS_FIELD_NUMBER: _ClassVar[int]
+    LOADING_FIELD_NUMBER: _ClassVar[int]
     started: GenerationStarted
     delta: TextDelta
     finished: GenerationFinished
     pull_progress: PullProgress
-    def __init__(self, started: _Optional[_Union[GenerationStarted, _Mapping]] = ..., delta: _Optional[_Union[TextDelta, _Mapping]] = ..., finished: _Optional[_Union[GenerationFinished, _Mapping]] = ..., pull_progress: _Optional[_Union[PullProgress, _Mapping]] = ...) -> None: ...
+    loading: ModelLoading
+    def __init__(self, started: _Optional[_Union[GenerationStarted, _Mapping]] = ..., delta: _Optional[_Union[TextDelta, _Mapping]] = ..., finished: _Optional[_Union[GenerationFinished, _Mapping]] = ..., pull_progress: _Optional[_Union[PullProgress, _Mapping]] = ..., loading: _Optional[_Union[ModelLoading, _Mapping]] = ...) -> None: ...
+
+class ModelLoading(_message.Message):
+    __slots__ = ("model",)
+    MODEL_FIELD_NUMBER: _ClassVar[int]
+    model: str
+    def __init__(self, model: _Optional[str] = ...) -> None: ...
 
 class GenerationStarted(_message.Message):
     __slots__ = ("model", "backend", "prompt_tokens", "context_length", "pull_ms", "pulled_bytes")

@@ -100,7 +100,9 @@ class InferenceServicer(pb_grpc.InferenceServicer):
             async for pulled in pulling:
                 yield pb.GenerateResponse(pull_progress=_progress_pb(pulled))
         pull_ms = round((time.monotonic() - pull_began) * 1000) if pulled else 0
-        generated = self._generated(generation, received_at, summary, pulled, pull_ms)
+        generated = self._generated(
+            generation, received_at, summary, pulled, pull_ms, request.report_loading
+        )
         async with aclosing(ahead_of_reader(generated, self._stream_buffer_bytes)) as responses:
             async for response in responses:
                 yield response
@@ -112,9 +114,10 @@ class InferenceServicer(pb_grpc.InferenceServicer):
         summary: Summary,
         pulled: PullState | None,
         pull_ms: int,
+        report_loading: bool = False,
     ) -> AsyncGenerator[pb.GenerateResponse, None]:
         """The generation, holding a slot until it ends, not until the client has read it."""
-        generating = self._text.generate(generation, received_at=received_at)
+        generating = self._text.generate(generation, received_at, report_loading)
         async with self._gate.slot(summary["model"]), aclosing(generating):
             async for response in generating:
                 kind = response.WhichOneof("event")

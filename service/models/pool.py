@@ -152,6 +152,8 @@ class _Load:
     host_bytes: int = 0
     device_bytes: int = 0
     waiting_for_memory: bool = False
+    # Set once the load has its memory and its engine is starting.
+    engine_starting: asyncio.Event = field(default_factory=asyncio.Event)
 
 
 @dataclass
@@ -401,6 +403,28 @@ class ModelPool:
             # model may be evicted before this request looks again: then it loads anew.
             await asyncio.shield(load.task)
 
+    async def load_begins(self, name: str, capability: Capability = Capability.TEXT) -> str | None:
+        """For a model that is not loaded: start its load (or join the one under way)
+        and wait until it has its memory and its engine is starting, then give the
+        model's name, for the caller to tell its client that it waits for a load.
+        None when it is loaded, or when the load ended first (`use` then has it).
+        A load that failed before its engine started raises its error here, so that
+        `use` does not try it again."""
+        spec = await self._resolve(name)
+        if spec.name in self._loaded:
+            return None
+        load = self._loading.get(spec.name) or self._start_load(spec, capability)
+        assert load.task is not None
+        starting = asyncio.ensure_future(load.engine_starting.wait())
+        try:  # asyncio.wait leaves the load running if this request goes away
+            await asyncio.wait((starting, load.task), return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            starting.cancel()
+        if load.task.done():
+            load.task.result()  # its error, if it failed
+            return None
+        return spec.name
+
     async def _resolve(self, name: str) -> ModelSpec:
         """The spec for `name`: a dict lookup for configured names; a reference is
         resolved off the event loop (it reads the disk and the hub cache)."""
@@ -491,6 +515,7 @@ class ModelPool:
                 self._engine_died(model, cause)
 
         hooks = EngineHooks(on_failure=failed, on_exit=died)
+        load.engine_starting.set()
         started = time.monotonic()
         try:
             engine = await self._start_engine(spec, source, decision.backend, hooks)

@@ -22,9 +22,13 @@ class TextGenerator:
         self._pool = pool
 
     async def generate(
-        self, request: GenerationRequest, received_at: float | None = None
+        self,
+        request: GenerationRequest,
+        received_at: float | None = None,
+        report_loading: bool = False,
     ) -> AsyncGenerator[pb.GenerateResponse, None]:
-        """The responses of one generation.
+        """The responses of one generation: with `report_loading`, a `loading` event
+        first when its model must be loaded; then the engine's.
 
         `received_at` (time.monotonic) is when the request reached the server: the
         contract measures ttft_ms and queue_ms from there, so the caller takes it
@@ -32,6 +36,10 @@ class TextGenerator:
         """
         if received_at is None:
             received_at = time.monotonic()
+        if report_loading:
+            loading = await self._pool.load_begins(request.model)
+            if loading is not None:
+                yield pb.GenerateResponse(loading=pb.ModelLoading(model=loading))
         async with self._pool.use(request.model) as model:
             engine = model.require(Capability.TEXT)
             # Closed with this generator, however it ends: the engine hears the cancel now.

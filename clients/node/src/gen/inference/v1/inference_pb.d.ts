@@ -355,6 +355,15 @@ export declare type GenerateRequest = Message<"inference.v1.GenerateRequest"> & 
    * @generated from field: repeated int32 prompt_token_ids = 21;
    */
   promptTokenIds: number[];
+
+  /**
+   * Tell the client when the request waits for its model to load: a
+   * ModelLoading event before GenerationStarted (see GenerateResponse). Off by
+   * default, so that a stream starts with GenerationStarted as it always has.
+   *
+   * @generated from field: bool report_loading = 22;
+   */
+  reportLoading: boolean;
 };
 
 /**
@@ -433,6 +442,18 @@ export declare type GenerateResponse = Message<"inference.v1.GenerateResponse"> 
      */
     value: PullProgress;
     case: "pullProgress";
+  } | {
+    /**
+     * With GenerateRequest.report_loading, when the request's model was not
+     * loaded: sent once, before GenerationStarted, as soon as its load has
+     * room in the memory budget and the model's engine is starting (loading
+     * takes seconds to minutes). A refusal for memory comes before it, as a
+     * trailers-only status a proxy may retry elsewhere.
+     *
+     * @generated from field: inference.v1.ModelLoading loading = 5;
+     */
+    value: ModelLoading;
+    case: "loading";
   } | { case: undefined; value?: undefined };
 };
 
@@ -443,7 +464,27 @@ export declare type GenerateResponse = Message<"inference.v1.GenerateResponse"> 
 export declare const GenerateResponseSchema: GenMessage<GenerateResponse>;
 
 /**
- * The first event of every Generate stream (after any pull_progress).
+ * The model a request waits for while it loads.
+ *
+ * @generated from message inference.v1.ModelLoading
+ */
+export declare type ModelLoading = Message<"inference.v1.ModelLoading"> & {
+  /**
+   * The configured name of the model.
+   *
+   * @generated from field: string model = 1;
+   */
+  model: string;
+};
+
+/**
+ * Describes the message inference.v1.ModelLoading.
+ * Use `create(ModelLoadingSchema)` to create a new message.
+ */
+export declare const ModelLoadingSchema: GenMessage<ModelLoading>;
+
+/**
+ * The first event of every Generate stream (after any pull_progress and loading).
  *
  * @generated from message inference.v1.GenerationStarted
  */
