@@ -19,6 +19,7 @@ import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import Any
 
 import grpc
 import pytest
@@ -85,7 +86,8 @@ def _unread(stub: pb_grpc.InferenceStub, request: pb.GenerateRequest, timeout: f
     """The status of a call whose messages are never read: once the HTTP/2 window is
     full, the server waits in its write until the deadline."""
     call = stub.Generate(request, timeout=timeout)
-    return call.code().name  # type: ignore[attr-defined]  # blocks until it ends
+    code: grpc.StatusCode = call.code()  # waits for the end
+    return str(code.name)
 
 
 Reader = Callable[[pb_grpc.InferenceStub, pb.GenerateRequest, float], str]
@@ -98,7 +100,7 @@ def _calls(
     count: int,
     words: int,
     seconds: tuple[float, float],
-    **fields: object,
+    **fields: Any,
 ) -> list[Callable[[], str]]:
     """`count` calls of distinct prompts of `words` words, each with a deadline drawn
     from `seconds`."""
@@ -193,7 +195,7 @@ def _blockers(
 
     reader = threading.Thread(target=drain, daemon=True)
     reader.start()
-    return calls, reader  # type: ignore[return-value]
+    return calls, reader
 
 
 def _ended(calls: list[grpc.Future], reader: threading.Thread) -> None:  # type: ignore[type-arg]
