@@ -16,6 +16,10 @@ For a pod: `--access-log` writes one JSON line per request to stdout,
 `--stats-listen HOST:PORT` serves Envoy's Prometheus statistics there (the admin
 interface's /stats/prometheus alone), and `--replica-token-env NAME` sends the
 replicas `authorization: Bearer $NAME`, read from Envoy's environment.
+
+Browsers: the gRPC listener also speaks grpc-web (HTTP/1.1 or HTTP/2), and
+`--cors-origins https://app.example,...` (or `*`) lets pages of those origins
+call both listeners; without it, none may.
 """
 
 from __future__ import annotations
@@ -30,6 +34,7 @@ from pathlib import Path
 import jinja2
 
 from service.cluster.replicas import parse_address, parse_replica
+from service.config import ANY_ORIGIN, cors_origins
 
 TEMPLATE = Path(__file__).with_name("envoy.yaml.j2")
 # The RPCs the picker places; the rest go where Envoy's least-request sends them.
@@ -93,6 +98,8 @@ class EnvoyLayout:
     # An environment variable of Envoy's holding the replicas' --auth-token: sent to
     # them as `authorization: Bearer ...` in place of whatever the client sent.
     replica_token_env: str | None = None
+    # Origins whose browser pages may call Envoy's listeners (ANY_ORIGIN: all); empty: none.
+    cors_origins: frozenset[str] = frozenset()
 
     def __post_init__(self) -> None:
         if self.http is not None and len(self.http.ports) != len(self.replicas.addresses):
@@ -126,6 +133,7 @@ def render(layout: EnvoyLayout) -> str:
         log_requests=layout.access_log,
         stats=layout.stats,
         replica_token_env=layout.replica_token_env,
+        cors=_cors(layout.cors_origins),
         http=http
         and {
             "listen": http.listen,
@@ -136,6 +144,26 @@ def render(layout: EnvoyLayout) -> str:
             ],
         },
     )
+
+
+def _cors(origins: frozenset[str]) -> dict[str, object] | None:
+    if not origins:
+        return None
+    return {"any": ANY_ORIGIN in origins, "origins": sorted(o.rstrip("/") for o in origins)}
+
+
+def parse_cors_origins(text: str | None) -> frozenset[str]:
+    """`--cors-origins`, the servers' --http-cors-origins syntax; SystemExit names a bad one."""
+    try:
+        return cors_origins(text)
+    except ValueError as exc:
+        raise SystemExit(f"--cors-origins: {exc}") from exc
+
+
+CORS_HELP = (
+    "Origins (scheme://host[:port], comma-separated, or *) whose browser pages may call "
+    "Envoy's listeners: gRPC-web and the HTTP API (default: none)."
+)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -186,6 +214,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="Send the replicas `authorization: Bearer $NAME`, NAME read from Envoy's "
         "environment when it starts, in place of any the client sent (their --auth-token).",
     )
+    parser.add_argument("--cors-origins", default=None, metavar="ORIGINS", help=CORS_HELP)
     return parser
 
 
@@ -213,6 +242,7 @@ def layout_from_args(argv: Sequence[str] | None = None) -> EnvoyLayout:
         access_log=args.access_log,
         stats=Address.parse(args.stats_listen) if args.stats_listen else None,
         replica_token_env=args.replica_token_env,
+        cors_origins=parse_cors_origins(args.cors_origins),
     )
 
 
