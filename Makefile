@@ -6,12 +6,9 @@ BIN := $(VENV)/bin
 # A portable CPU build of llama.cpp. The default native build dies with SIGILL
 # (AMX code) at the first decode on some of our machines.
 LLAMA_CMAKE_ARGS ?= -DGGML_NATIVE=OFF -DLLAVA_BUILD=OFF
-PROTO_OUT := .
-PROTOS := protos/inference/v1/inference.proto
-# The front's contract with its engine processes: Python only, never a client's.
-ENGINE_PROTOS := protos/inference/engine/v1/engine.proto
 
-.PHONY: install serve cluster test test-fast container-prerequisites lint protos bench clean image \
+.PHONY: install serve cluster test test-fast container-prerequisites lint buf-baseline protos bench \
+	clean image \
 	image-full image-proxy image-base \
 	cuda-fetch cuda-deps cuda-llama cuda-model cuda-bench
 
@@ -27,9 +24,11 @@ install:
 	# Sampling inside llama.cpp's graph: C built against the llama.cpp just installed.
 	$(BIN)/python -m service.backends.native.build_graph_sampler
 	$(BIN)/python -m service.models.embedded
-	# The Node.js client's packages, where npm exists (its tests are skipped otherwise).
-	if command -v npm >/dev/null; then npm ci --prefix clients/node --no-audit --no-fund; \
-	else echo "npm not found: the Node.js client is not installed"; fi
+	# The Node.js client's packages, and buf for make lint, where npm exists (their tests
+	# are skipped otherwise).
+	if command -v npm >/dev/null; then npm ci --prefix clients/node --no-audit --no-fund \
+		&& npm ci --prefix tools/buf --no-audit --no-fund; \
+	else echo "npm not found: the Node.js client and buf are not installed"; fi
 
 # gRPC on 127.0.0.1:50051, the OpenAI-compatible HTTP API on 127.0.0.1:8080.
 SERVE_HTTP_LISTEN ?= 127.0.0.1:8080
@@ -109,24 +108,33 @@ IMAGE_BASE ?= localhost/inference-base:bookworm
 image-base:
 	scripts/image/base.sh $(IMAGE_BASE)
 
+# buf (from npm, tools/buf; buf.yaml) lints protos/ and fails on a change that breaks
+# the released contract, protos/baseline/inference-v1.binpb. Where make install found no
+# npm, the buf checks are skipped, saying so.
+BUF := tools/buf/node_modules/.bin/buf
+BUF_BASELINE := protos/baseline/inference-v1.binpb
 lint:
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
+	@if [ -x $(BUF) ]; then \
+		echo "$(BUF) lint && $(BUF) breaking --against $(BUF_BASELINE)"; \
+		$(BUF) lint && $(BUF) breaking --against $(BUF_BASELINE); \
+	else echo "buf not installed (make install installs it where npm exists): buf lint and buf breaking skipped"; fi
 	$(BIN)/mypy
 
-# Regenerates the clients from protos/: Python stubs in inference/v1/, and the
-# Node.js client's src/gen/ (needs its npm packages: make install).
-TS_CLIENT := clients/node
+# At each release: the contract as released becomes what buf breaking compares against
+# (commit the result with the release).
+buf-baseline:
+	$(BUF) build --path protos/inference/v1 --exclude-source-info -o $(BUF_BASELINE)
+
+# Regenerates everything generated from protos/ (scripts/protos.py lists it): the Python
+# stubs in inference/, the descriptor set inference/v1/inference.binpb (Envoy's
+# transcoder reads it), the Node.js client's src/gen/ (needs its npm packages: make
+# install) and the Go client's clients/go/inference/v1/ (needs protoc-gen-go and
+# protoc-gen-go-grpc: clients/go/README.md). tests/test_protos.py fails when a committed
+# file differs from what this writes.
 protos:
-	$(BIN)/python -m grpc_tools.protoc -I protos \
-		--python_out=$(PROTO_OUT) --pyi_out=$(PROTO_OUT) --grpc_python_out=$(PROTO_OUT) \
-		$(PROTOS)
-	$(BIN)/python -m grpc_tools.protoc -I protos \
-		--python_out=$(PROTO_OUT) --pyi_out=$(PROTO_OUT) $(ENGINE_PROTOS)
-	$(BIN)/python -m grpc_tools.protoc -I protos \
-		--plugin=protoc-gen-es=$(TS_CLIENT)/node_modules/.bin/protoc-gen-es \
-		--es_out=$(TS_CLIENT)/src/gen --es_opt=target=js+dts,import_extension=js \
-		$(PROTOS)
+	$(BIN)/python scripts/protos.py
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache

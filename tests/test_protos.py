@@ -1,53 +1,112 @@
-"""The committed clients are exactly what `make protos` generates from the contract."""
+"""The committed generated files are exactly what `make protos` writes from the contract.
+
+`make protos` is scripts/protos.py; here it writes into a temporary folder, and every
+file it writes must equal the committed one (and no committed one be left over), so a
+.proto edited without regenerating fails here. The descriptor set Envoy's transcoder
+reads is checked for what it is for: every RPC mapped onto HTTP under /inference/v1/.
+"""
 
 from __future__ import annotations
 
+import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
-from grpc_tools import protoc
+from google.api import annotations_pb2
+from google.protobuf import descriptor_pb2
 
 ROOT = Path(__file__).resolve().parent.parent
-PROTO = ROOT / "protos" / "inference" / "v1" / "inference.proto"
-TS_CLIENT = ROOT / "clients" / "node"
-TS_PLUGIN = TS_CLIENT / "node_modules" / ".bin" / "protoc-gen-es"
+GENERATOR = ROOT / "scripts" / "protos.py"
+NODE_PLUGIN = ROOT / "clients" / "node" / "node_modules" / ".bin" / "protoc-gen-es"
+GO_PLUGINS = ("protoc-gen-go", "protoc-gen-go-grpc")
+# The OpenAI-compatible HTTP API the same Envoy port serves (docs/http.md).
+OPENAI_PATHS = ("/v1/", "/health", "/tokenize", "/detokenize")
 
 
-def generate(out: Path, *flags: str) -> None:
-    assert protoc.main(["grpc_tools.protoc", f"-I{ROOT / 'protos'}", *flags, str(PROTO)]) == 0
-
-
-def assert_same(fresh_root: Path, committed_root: Path, names: list[str]) -> None:
-    for name in names:
-        fresh = (fresh_root / name).read_text()
-        if fresh != (committed_root / name).read_text():
-            pytest.fail(
-                f"{committed_root / name} is stale: run `make protos` and commit the result"
-            )
-
-
-def test_committed_python_stubs_match_the_contract(tmp_path: Path) -> None:
-    generate(
-        tmp_path,
-        f"--python_out={tmp_path}",
-        f"--pyi_out={tmp_path}",
-        f"--grpc_python_out={tmp_path}",
+@pytest.fixture(scope="module")
+def fresh(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    out = tmp_path_factory.mktemp("protos")
+    done = subprocess.run(
+        [sys.executable, str(GENERATOR), "--out", str(out)],
+        capture_output=True,
+        text=True,
+        timeout=60,
     )
-    names = ["inference_pb2.py", "inference_pb2.pyi", "inference_pb2_grpc.py"]
-    assert_same(tmp_path / "inference" / "v1", ROOT / "inference" / "v1", names)
+    assert done.returncode == 0, done.stdout + done.stderr
+    return out
+
+
+def generated(root: Path, folder: str, patterns: tuple[str, ...]) -> list[Path]:
+    return sorted(
+        path.relative_to(root) for pattern in patterns for path in (root / folder).rglob(pattern)
+    )
+
+
+def assert_same_folder(fresh: Path, folder: str, *patterns: str) -> None:
+    written = generated(fresh, folder, patterns)
+    committed = generated(ROOT, folder, patterns)
+    assert written, f"scripts/protos.py wrote nothing under {folder}"
+    assert committed == written, f"{folder}: generated files differ from the committed ones"
+    for name in written:
+        if (fresh / name).read_bytes() != (ROOT / name).read_bytes():
+            pytest.fail(f"{name} is stale: run `make protos` and commit the result")
+
+
+def test_committed_python_stubs_match_the_contract(fresh: Path) -> None:
+    assert_same_folder(fresh, "inference", "*_pb2.py", "*_pb2.pyi", "*_pb2_grpc.py")
+
+
+def test_committed_descriptor_set_matches_the_contract(fresh: Path) -> None:
+    assert_same_folder(fresh, "inference", "*.binpb")
 
 
 @pytest.mark.skipif(
-    not TS_PLUGIN.exists(), reason="the Node.js client's npm packages are not installed"
+    not NODE_PLUGIN.exists(), reason="the Node.js client's npm packages are not installed"
 )
-def test_committed_node_client_matches_the_contract(tmp_path: Path) -> None:
-    generate(
-        tmp_path,
-        f"--plugin=protoc-gen-es={TS_PLUGIN}",
-        f"--es_out={tmp_path}",
-        "--es_opt=target=js+dts,import_extension=js",
+def test_committed_node_client_matches_the_contract(fresh: Path) -> None:
+    assert_same_folder(fresh, "clients/node/src/gen", "*_pb.*")
+
+
+@pytest.mark.skipif(
+    any(shutil.which(name) is None for name in GO_PLUGINS),
+    reason="protoc-gen-go and protoc-gen-go-grpc are not installed (clients/go/README.md)",
+)
+def test_committed_go_client_matches_the_contract(fresh: Path) -> None:
+    assert_same_folder(fresh, "clients/go/inference", "*.pb.go")
+
+
+def committed_service() -> tuple[
+    descriptor_pb2.FileDescriptorSet, descriptor_pb2.ServiceDescriptorProto
+]:
+    files = descriptor_pb2.FileDescriptorSet.FromString(
+        (ROOT / "inference" / "v1" / "inference.binpb").read_bytes()
     )
-    names = ["inference_pb.js", "inference_pb.d.ts"]
-    assert_same(
-        tmp_path / "inference" / "v1", TS_CLIENT / "src" / "gen" / "inference" / "v1", names
-    )
+    contract = next(f for f in files.file if f.name == "inference/v1/inference.proto")
+    return files, next(s for s in contract.service if s.name == "Inference")
+
+
+def test_the_descriptor_set_holds_its_imports() -> None:
+    # Envoy reads this one file: whatever the contract imports must be inside it.
+    files, _ = committed_service()
+    names = {f.name for f in files.file}
+    assert {"google/api/annotations.proto", "google/api/http.proto"} <= names
+    for f in files.file:
+        assert set(f.dependency) <= names, f.name
+
+
+def test_every_rpc_has_an_http_mapping_clear_of_the_openai_paths() -> None:
+    _, service = committed_service()
+    routes = []
+    for method in service.method:
+        rule = method.options.Extensions[annotations_pb2.http]
+        verb = rule.WhichOneof("pattern")
+        assert verb is not None, f"{method.name} has no google.api.http option"
+        path = getattr(rule, verb)
+        assert path.startswith("/inference/v1/"), (method.name, path)
+        assert not path.startswith(OPENAI_PATHS)
+        # A GET or DELETE has no body; everything else takes the whole request as JSON.
+        assert rule.body == ("" if verb in ("get", "delete") else "*"), method.name
+        routes.append((verb, path))
+    assert len(set(routes)) == len(routes), "two RPCs share a route"

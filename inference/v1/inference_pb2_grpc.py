@@ -27,6 +27,12 @@ if _version_not_supported:
 
 class InferenceStub:
     """Inference serves local language models and image models.
+
+    Each RPC's google.api.http option maps it onto HTTP/JSON for Envoy's
+    gRPC-JSON transcoder (docs/api.md): under /inference/v1/, clear of the
+    OpenAI-compatible paths (/v1/..., /health, /tokenize, /detokenize). A POST's
+    body is the request message as proto3 JSON; a GET's or DELETE's fields are
+    query parameters. A streaming RPC answers with its events as JSON.
     """
 
     def __init__(self, channel):
@@ -89,6 +95,12 @@ class InferenceStub:
 
 class InferenceServicer:
     """Inference serves local language models and image models.
+
+    Each RPC's google.api.http option maps it onto HTTP/JSON for Envoy's
+    gRPC-JSON transcoder (docs/api.md): under /inference/v1/, clear of the
+    OpenAI-compatible paths (/v1/..., /health, /tokenize, /detokenize). A POST's
+    body is the request message as proto3 JSON; a GET's or DELETE's fields are
+    query parameters. A streaming RPC answers with its events as JSON.
     """
 
     def Admit(self, request, context):
@@ -238,6 +250,12 @@ def add_InferenceServicer_to_server(servicer, server):
  # This class is part of an EXPERIMENTAL API.
 class Inference:
     """Inference serves local language models and image models.
+
+    Each RPC's google.api.http option maps it onto HTTP/JSON for Envoy's
+    gRPC-JSON transcoder (docs/api.md): under /inference/v1/, clear of the
+    OpenAI-compatible paths (/v1/..., /health, /tokenize, /detokenize). A POST's
+    body is the request message as proto3 JSON; a GET's or DELETE's fields are
+    query parameters. A streaming RPC answers with its events as JSON.
     """
 
     @staticmethod

@@ -2218,6 +2218,12 @@ export declare const QuantizationSchemeSchema: GenEnum<QuantizationScheme>;
 /**
  * Inference serves local language models and image models.
  *
+ * Each RPC's google.api.http option maps it onto HTTP/JSON for Envoy's
+ * gRPC-JSON transcoder (docs/api.md): under /inference/v1/, clear of the
+ * OpenAI-compatible paths (/v1/..., /health, /tokenize, /detokenize). A POST's
+ * body is the request message as proto3 JSON; a GET's or DELETE's fields are
+ * query parameters. A streaming RPC answers with its events as JSON.
+ *
  * @generated from service inference.v1.Inference
  */
 export declare const Inference: GenService<{
