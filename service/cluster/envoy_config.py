@@ -25,10 +25,12 @@ call both listeners; without it, none may.
 from __future__ import annotations
 
 import argparse
+import base64
 import ipaddress
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from importlib import resources
 from pathlib import Path
 
 import jinja2
@@ -41,6 +43,7 @@ TEMPLATE = Path(__file__).with_name("envoy.yaml.j2")
 ROUTED_METHODS = ("Generate", "GenerateImage", "Admit")
 # The OpenAI-compatible HTTP paths the picker places, and the method each names to it.
 HTTP_ROUTES = (("/v1/chat/completions", "ChatCompletions"), ("/v1/completions", "Completions"))
+DESCRIPTOR_SET = "inference.binpb"  # in the inference.v1 package
 ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 
 
@@ -80,6 +83,8 @@ class HttpLayout:
 
     listen: Address
     ports: tuple[int, ...]
+    # gRPC-JSON transcoding of the contract's /inference/v1/... paths on this listener.
+    transcode: bool = False
 
 
 @dataclass(frozen=True)
@@ -138,12 +143,21 @@ def render(layout: EnvoyLayout) -> str:
         and {
             "listen": http.listen,
             "routes": HTTP_ROUTES,
+            "transcode": http.transcode,
+            "descriptor": descriptor_set_base64() if http.transcode else "",
             "replicas": [
                 Address(address.host, port)
                 for address, port in zip(layout.replicas.addresses, http.ports, strict=True)
             ],
         },
     )
+
+
+def descriptor_set_base64() -> str:
+    """The contract's descriptor set (`make protos` writes it as package data), as
+    Envoy's proto_descriptor_bin takes it: inline, so the config needs no file."""
+    data = resources.files("inference.v1").joinpath(DESCRIPTOR_SET).read_bytes()
+    return base64.b64encode(data).decode("ascii")
 
 
 def _cors(origins: frozenset[str]) -> dict[str, object] | None:
@@ -214,6 +228,12 @@ def build_parser() -> argparse.ArgumentParser:
         help="Send the replicas `authorization: Bearer $NAME`, NAME read from Envoy's "
         "environment when it starts, in place of any the client sent (their --auth-token).",
     )
+    parser.add_argument(
+        "--transcode",
+        action="store_true",
+        help="Also serve the contract as JSON on the HTTP listener (gRPC-JSON transcoding: "
+        "POST /inference/v1/generate, GET /inference/v1/models, ...); needs --http-listen.",
+    )
     parser.add_argument("--cors-origins", default=None, metavar="ORIGINS", help=CORS_HELP)
     return parser
 
@@ -231,7 +251,9 @@ def layout_from_args(argv: Sequence[str] | None = None) -> EnvoyLayout:
         ports = [port for _, port in specs if port is not None]
         if len(ports) != len(specs):
             raise SystemExit("--http-listen: name every replica's HTTP port, HOST:PORT=HTTP_PORT")
-        http = HttpLayout(Address.parse(args.http_listen), tuple(ports))
+        http = HttpLayout(Address.parse(args.http_listen), tuple(ports), args.transcode)
+    elif args.transcode:
+        raise SystemExit("--transcode: it serves on the HTTP listener; give --http-listen")
     return EnvoyLayout(
         listen=Address.parse(args.listen),
         replicas=Endpoints([Address.parse(address) for address, _ in specs]),

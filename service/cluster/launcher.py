@@ -167,7 +167,7 @@ class Cluster:
         http = None
         if self.args.http_listen:
             ports = tuple(Address.parse(str(r.http_address)).port for r in self.replicas)
-            http = HttpLayout(Address.parse(self.args.http_listen), ports)
+            http = HttpLayout(Address.parse(self.args.http_listen), ports, transcode=True)
         layout = EnvoyLayout(
             listen=Address.parse(self.args.listen),
             replicas=Endpoints([Address.parse(r.address) for r in self.replicas]),
