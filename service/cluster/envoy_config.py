@@ -163,7 +163,7 @@ def descriptor_set_base64() -> str:
 def _cors(origins: frozenset[str]) -> dict[str, object] | None:
     if not origins:
         return None
-    return {"any": ANY_ORIGIN in origins, "origins": sorted(o.rstrip("/") for o in origins)}
+    return {"any": ANY_ORIGIN in origins, "origins": sorted(origins)}
 
 
 def parse_cors_origins(text: str | None) -> frozenset[str]:
