@@ -31,9 +31,10 @@ from tests.conftest import SMOLLM
 ORIGIN = "https://app.example"
 NODE = shutil.which("node")
 NODE_CLIENT = Path(__file__).resolve().parent.parent / "clients" / "node"
-# A raw prompt the instruct model keeps continuing: a stream that runs for seconds.
+# A raw prompt the instruct model keeps continuing: a stream that would run for many
+# seconds, far past every deadline below, however fast the machine.
 COUNTING = pb.GenerateRequest(
-    prompt="1, 2, 3, 4, 5, 6, 7, 8, 9, 10,", max_tokens=300, temperature=0
+    prompt="1, 2, 3, 4, 5, 6, 7, 8, 9, 10,", max_tokens=2000, temperature=0
 )
 GENERATE = "/inference.v1.Inference/Generate"
 LIST_MODELS = "/inference.v1.Inference/ListModels"
