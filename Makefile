@@ -35,16 +35,28 @@ SERVE_HTTP_LISTEN ?= 127.0.0.1:8080
 serve:
 	$(BIN)/inference-server --http-listen $(SERVE_HTTP_LISTEN)
 
-# CLUSTER_REPLICAS replicas, the endpoint picker and Envoy on loopback; gRPC clients
-# connect to CLUSTER_LISTEN, OpenAI-compatible HTTP clients to CLUSTER_HTTP_LISTEN
-# (none: gRPC only). CLUSTER_ARGS go to every replica (server flags).
+# CLUSTER_REPLICAS replicas, the endpoint picker and Envoy on loopback; gRPC and
+# grpc-web clients connect to CLUSTER_LISTEN, OpenAI-compatible HTTP clients to
+# CLUSTER_HTTP_LISTEN (none: gRPC only). Every port moves (0: a free one): the
+# replicas' from CLUSTER_REPLICA_BASE_PORT (gRPC) and CLUSTER_REPLICA_HTTP_BASE_PORT
+# (HTTP; empty: the gRPC base + 100), the picker's and Envoy's admin interface
+# (free by default). CLUSTER_CORS_ORIGINS: origins whose browser pages may call it
+# (comma-separated, or *; empty: none). CLUSTER_ARGS go to every replica (server flags).
 CLUSTER_REPLICAS ?= 3
 CLUSTER_LISTEN ?= 127.0.0.1:50060
 CLUSTER_HTTP_LISTEN ?= 127.0.0.1:50061
+CLUSTER_REPLICA_BASE_PORT ?= 50100
+CLUSTER_REPLICA_HTTP_BASE_PORT ?=
+CLUSTER_PICKER_LISTEN ?= 127.0.0.1:0
+CLUSTER_ENVOY_ADMIN ?= 127.0.0.1:0
+CLUSTER_CORS_ORIGINS ?=
 CLUSTER_ARGS ?=
 cluster:
 	$(BIN)/inference-cluster --replicas $(CLUSTER_REPLICAS) --listen $(CLUSTER_LISTEN) \
-		--http-listen $(CLUSTER_HTTP_LISTEN) -- $(CLUSTER_ARGS)
+		--http-listen $(CLUSTER_HTTP_LISTEN) --replica-base-port $(CLUSTER_REPLICA_BASE_PORT) \
+		$(if $(CLUSTER_REPLICA_HTTP_BASE_PORT),--replica-http-base-port $(CLUSTER_REPLICA_HTTP_BASE_PORT)) \
+		--picker-listen $(CLUSTER_PICKER_LISTEN) --envoy-admin $(CLUSTER_ENVOY_ADMIN) \
+		$(if $(CLUSTER_CORS_ORIGINS),--cors-origins '$(CLUSTER_CORS_ORIGINS)') -- $(CLUSTER_ARGS)
 
 # Every tier (tests/README.md). The container tier needs `make container-prerequisites`;
 # without it those tests are skipped with the reason (they fail instead where CI is set).

@@ -114,6 +114,10 @@ class ClusterProcess:
         assert self._picker_load(replica) >= 1, self.picker_view()
 
     def _picker_load(self, replica: str) -> float:
+        return self.picker_metric("inference_picker_replica_load", replica=replica)
+
+    def picker_metric(self, name: str, **labels: str) -> float:
+        """The sum of the picker's samples of `name` that carry `labels`."""
         port = next(
             json.loads(line)["port"]
             for line in self.log
@@ -125,23 +129,33 @@ class ClusterProcess:
             sample.value
             for family in text_string_to_metric_families(text)
             for sample in family.samples
-            if sample.name == "inference_picker_replica_load"
-            and sample.labels.get("replica") == replica
+            if sample.name == name
+            and all(sample.labels.get(key) == value for key, value in labels.items())
         )
+
+    def envoy_stats(self) -> dict[str, int]:
+        """Envoy's counters and gauges, from its admin interface."""
+        admin = str(self.ready["admin"])
+        with urllib.request.urlopen(f"http://{admin}/stats?format=json", timeout=10) as answer:
+            stats = json.load(answer)["stats"]
+        return {s["name"]: int(s["value"]) for s in stats if "value" in s}
 
     def picker_pid(self) -> int:
         return int(self.ready["picker"]["pid"])
 
 
 @contextmanager
-def cluster_process(replicas: int, server_args: Sequence[str] = ()) -> Iterator[ClusterProcess]:
-    """A cluster with free ports everywhere; stopped (SIGTERM, then SIGKILL) at the end."""
+def cluster_process(
+    replicas: int, server_args: Sequence[str] = (), launcher_args: Sequence[str] = ()
+) -> Iterator[ClusterProcess]:
+    """A cluster with free ports everywhere; stopped (SIGTERM, then SIGKILL) at the end.
+    `launcher_args` go to inference-cluster, `server_args` to every replica."""
     command = [
         sys.executable, "-m", "service.cluster.launcher", "--replicas", str(replicas),
         "--listen", "127.0.0.1:0", "--replica-base-port", "0", "--picker-listen", "127.0.0.1:0",
         "--http-listen", "127.0.0.1:0", "--replica-http-base-port", "0",
         "--poll-interval", str(POLL_INTERVAL), "--envoy-threads", "1", "--log-format", "json",
-        "--picker-metrics-listen", "127.0.0.1:0",
+        "--picker-metrics-listen", "127.0.0.1:0", *launcher_args,
         "--", "--threads", "1", *server_args,
     ]  # fmt: skip
     env = {**os.environ, "INFERENCE_LOG_FORMAT": "json"}

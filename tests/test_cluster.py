@@ -197,7 +197,10 @@ def test_a_killed_replica_ends_its_streams_and_the_rest_serve_on() -> None:
         doomed.join(timeout=30)  # ends at once, rather than hanging
         assert doomed.error is not None
         # Envoy resets a stream whose replica died after it answered (RST_STREAM
-        # INTERNAL_ERROR, which gRPC clients read as INTERNAL); it cannot add a status.
+        # INTERNAL_ERROR, which gRPC clients read as INTERNAL): once response headers
+        # have gone out its router can only reset, and no filter sees the reset in
+        # time to send trailers instead (docs/cluster.md, "What a client sees"). A
+        # replica that dies before answering is retried on another, or UNAVAILABLE.
         assert doomed.error.code() == grpc.StatusCode.INTERNAL
         assert "RST_STREAM" in (doomed.error.details() or "")
         with grpc.insecure_channel(cluster.listen) as channel:

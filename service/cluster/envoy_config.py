@@ -16,26 +16,34 @@ For a pod: `--access-log` writes one JSON line per request to stdout,
 `--stats-listen HOST:PORT` serves Envoy's Prometheus statistics there (the admin
 interface's /stats/prometheus alone), and `--replica-token-env NAME` sends the
 replicas `authorization: Bearer $NAME`, read from Envoy's environment.
+
+Browsers: the gRPC listener also speaks grpc-web (HTTP/1.1 or HTTP/2), and
+`--cors-origins https://app.example,...` (or `*`) lets pages of those origins
+call both listeners; without it, none may.
 """
 
 from __future__ import annotations
 
 import argparse
+import base64
 import ipaddress
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from importlib import resources
 from pathlib import Path
 
 import jinja2
 
 from service.cluster.replicas import parse_address, parse_replica
+from service.config import ANY_ORIGIN, cors_origins
 
 TEMPLATE = Path(__file__).with_name("envoy.yaml.j2")
 # The RPCs the picker places; the rest go where Envoy's least-request sends them.
 ROUTED_METHODS = ("Generate", "GenerateImage", "Admit")
 # The OpenAI-compatible HTTP paths the picker places, and the method each names to it.
 HTTP_ROUTES = (("/v1/chat/completions", "ChatCompletions"), ("/v1/completions", "Completions"))
+DESCRIPTOR_SET = "inference.binpb"  # in the inference.v1 package
 ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 
 
@@ -75,6 +83,8 @@ class HttpLayout:
 
     listen: Address
     ports: tuple[int, ...]
+    # gRPC-JSON transcoding of the contract's /inference/v1/... paths on this listener.
+    transcode: bool = False
 
 
 @dataclass(frozen=True)
@@ -93,6 +103,8 @@ class EnvoyLayout:
     # An environment variable of Envoy's holding the replicas' --auth-token: sent to
     # them as `authorization: Bearer ...` in place of whatever the client sent.
     replica_token_env: str | None = None
+    # Origins whose browser pages may call Envoy's listeners (ANY_ORIGIN: all); empty: none.
+    cors_origins: frozenset[str] = frozenset()
 
     def __post_init__(self) -> None:
         if self.http is not None and len(self.http.ports) != len(self.replicas.addresses):
@@ -126,16 +138,46 @@ def render(layout: EnvoyLayout) -> str:
         log_requests=layout.access_log,
         stats=layout.stats,
         replica_token_env=layout.replica_token_env,
+        cors=_cors(layout.cors_origins),
         http=http
         and {
             "listen": http.listen,
             "routes": HTTP_ROUTES,
+            "transcode": http.transcode,
+            "descriptor": descriptor_set_base64() if http.transcode else "",
             "replicas": [
                 Address(address.host, port)
                 for address, port in zip(layout.replicas.addresses, http.ports, strict=True)
             ],
         },
     )
+
+
+def descriptor_set_base64() -> str:
+    """The contract's descriptor set (`make protos` writes it as package data), as
+    Envoy's proto_descriptor_bin takes it: inline, so the config needs no file."""
+    data = resources.files("inference.v1").joinpath(DESCRIPTOR_SET).read_bytes()
+    return base64.b64encode(data).decode("ascii")
+
+
+def _cors(origins: frozenset[str]) -> dict[str, object] | None:
+    if not origins:
+        return None
+    return {"any": ANY_ORIGIN in origins, "origins": sorted(origins)}
+
+
+def parse_cors_origins(text: str | None) -> frozenset[str]:
+    """`--cors-origins`, the servers' --http-cors-origins syntax; SystemExit names a bad one."""
+    try:
+        return cors_origins(text)
+    except ValueError as exc:
+        raise SystemExit(f"--cors-origins: {exc}") from exc
+
+
+CORS_HELP = (
+    "Origins (scheme://host[:port], comma-separated, or *) whose browser pages may call "
+    "Envoy's listeners: gRPC-web and the HTTP API (default: none)."
+)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -186,6 +228,13 @@ def build_parser() -> argparse.ArgumentParser:
         help="Send the replicas `authorization: Bearer $NAME`, NAME read from Envoy's "
         "environment when it starts, in place of any the client sent (their --auth-token).",
     )
+    parser.add_argument(
+        "--transcode",
+        action="store_true",
+        help="Also serve the contract as JSON on the HTTP listener (gRPC-JSON transcoding: "
+        "POST /inference/v1/generate, GET /inference/v1/models, ...); needs --http-listen.",
+    )
+    parser.add_argument("--cors-origins", default=None, metavar="ORIGINS", help=CORS_HELP)
     return parser
 
 
@@ -202,7 +251,9 @@ def layout_from_args(argv: Sequence[str] | None = None) -> EnvoyLayout:
         ports = [port for _, port in specs if port is not None]
         if len(ports) != len(specs):
             raise SystemExit("--http-listen: name every replica's HTTP port, HOST:PORT=HTTP_PORT")
-        http = HttpLayout(Address.parse(args.http_listen), tuple(ports))
+        http = HttpLayout(Address.parse(args.http_listen), tuple(ports), args.transcode)
+    elif args.transcode:
+        raise SystemExit("--transcode: it serves on the HTTP listener; give --http-listen")
     return EnvoyLayout(
         listen=Address.parse(args.listen),
         replicas=Endpoints([Address.parse(address) for address, _ in specs]),
@@ -213,6 +264,7 @@ def layout_from_args(argv: Sequence[str] | None = None) -> EnvoyLayout:
         access_log=args.access_log,
         stats=Address.parse(args.stats_listen) if args.stats_listen else None,
         replica_token_env=args.replica_token_env,
+        cors_origins=parse_cors_origins(args.cors_origins),
     )
 
 

@@ -6,8 +6,11 @@ Everything after `--` goes to every replica (`inference-server` flags). Envoy
 serves gRPC on --listen and OpenAI-compatible HTTP on --http-listen, both placed
 by the same picker. The replicas listen for gRPC on consecutive ports from
 --replica-base-port and for HTTP (their --http-listen) on consecutive ports from
---replica-http-base-port; a port of 0 anywhere picks a free one. When all is up,
-one `cluster ready` log line names every address and pid. Ctrl-C or SIGTERM
+--replica-http-base-port; the picker and Envoy's admin interface, internal, take free
+ports unless --picker-listen and --envoy-admin name them; a port of 0 anywhere picks a
+free one. When all is up, one `cluster ready` log line names every address and pid.
+The gRPC listener also serves grpc-web, and --cors-origins lets browser pages of
+those origins call both listeners. Ctrl-C or SIGTERM
 drains the replicas (their in-flight streams finish, through Envoy), then stops
 the picker and Envoy. A replica that dies is not restarted: Envoy and the picker
 route around it.
@@ -38,7 +41,15 @@ import grpc
 import structlog
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from service.cluster.envoy_config import Address, Endpoints, EnvoyLayout, HttpLayout, render
+from service.cluster.envoy_config import (
+    CORS_HELP,
+    Address,
+    Endpoints,
+    EnvoyLayout,
+    HttpLayout,
+    parse_cors_origins,
+    render,
+)
 from service.config import ENV_PREFIX
 from service.log import configure
 
@@ -156,13 +167,14 @@ class Cluster:
         http = None
         if self.args.http_listen:
             ports = tuple(Address.parse(str(r.http_address)).port for r in self.replicas)
-            http = HttpLayout(Address.parse(self.args.http_listen), ports)
+            http = HttpLayout(Address.parse(self.args.http_listen), ports, transcode=True)
         layout = EnvoyLayout(
             listen=Address.parse(self.args.listen),
             replicas=Endpoints([Address.parse(r.address) for r in self.replicas]),
             picker=picker,
-            admin=Address("127.0.0.1", 0),
+            admin=Address.parse(self.args.envoy_admin),
             http=http,
+            cors_origins=self.args.cors_origins,
         )
         config = self.workdir / "envoy.yaml"
         config.write_text(render(layout))
@@ -354,8 +366,18 @@ def build_parser() -> argparse.ArgumentParser:
         "where those are).",
     )
     parser.add_argument(
-        "--picker-listen", default="127.0.0.1:50070", help="Where the picker listens."
+        "--picker-listen",
+        default="127.0.0.1:0",
+        help="Where the picker listens; only Envoy calls it (default %(default)s: a free port).",
     )
+    parser.add_argument(
+        "--envoy-admin",
+        default="127.0.0.1:0",
+        metavar="HOST:PORT",
+        help="Envoy's admin interface (its statistics, /clusters); keep it on loopback "
+        "(default %(default)s: a free port, named in the `cluster ready` line).",
+    )
+    parser.add_argument("--cors-origins", default=None, metavar="ORIGINS", help=CORS_HELP)
     parser.add_argument(
         "--picker-metrics-listen",
         default=None,
@@ -401,6 +423,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         raise SystemExit("--replicas must be at least 1")
     if args.http_listen == "none":
         args.http_listen = None
+    args.cors_origins = parse_cors_origins(args.cors_origins)
     if args.replica_http_base_port is None:
         base = args.replica_base_port
         args.replica_http_base_port = base + HTTP_PORT_OFFSET if base else 0
