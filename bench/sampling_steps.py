@@ -1,8 +1,9 @@
 """Sampled against greedy decoding in the llama.cpp backend alone: issue 18's ratio, no server.
 
-The same prompts decoded through LlamaCppBackend.start/step/finish, greedy
-and sampled (temperature 0.8, top_p 0.95), rounds alternating; prints tokens/s
-per stream count and the sampled/greedy ratio. bench.generate gives the same
+The same prompts decoded through LlamaCppBackend.start/step/finish, greedy,
+sampled (temperature 0.8, top_p 0.95, top_k 40, min_p 0.05) and sampled without
+top-k (top_p alone over the whole vocabulary), rounds alternating; prints tokens/s
+per stream count and each one's ratio to greedy. bench.generate gives the same
 ratio through the whole service; this one leaves out gRPC and the scheduler.
 (At d0f06cb it also measured llama.cpp's top-k on the GPU, which lost.)
 
@@ -33,7 +34,10 @@ from service.text.requests import Grammar, SamplingParams
 SAMPLED = SamplingParams(
     temperature=0.8, top_p=0.95, top_k=40, min_p=0.05, repeat_penalty=1, seed=7
 )
-MODES = {"greedy": GREEDY, "sampled": SAMPLED}
+# Without top-k: top-p decides over the whole vocabulary (sampler.c's whole-row draw,
+# where llama.cpp's chain sorted it).
+NO_TOP_K = SamplingParams(temperature=0.8, top_p=0.95, top_k=0, min_p=0.0, repeat_penalty=1, seed=7)
+MODES = {"greedy": GREEDY, "sampled": SAMPLED, "no top-k": NO_TOP_K}
 PERSON = json.dumps(
     {
         "type": "object",
@@ -106,8 +110,8 @@ def main() -> None:
     for params in MODES.values():  # CUDA's start-up is not a step's cost
         backend_run(backend, warm_up, 8, params)
     print(
-        f"{'streams':>8} {'greedy':>9} {'sampled':>9} {'ratio':>6} "
-        f"{'1 JSON row':>11} {'of sampled':>10}  (tokens/s)"
+        f"{'streams':>8} {'greedy':>9} {'sampled':>9} {'ratio':>6} {'no top-k':>9} {'ratio':>6} "
+        f"{'1 JSON row':>11} {'of sampled':>10}  (tokens/s; ratios of greedy)"
     )
     for index, count in enumerate(streams):
         prompts = [
@@ -119,11 +123,11 @@ def main() -> None:
                 measured[mode].append(backend_run(backend, prompts, args.tokens, params)[0])
             if count > 1:
                 measured["json"].append(with_json_row(backend, prompts, args.tokens, grammar))
-        greedy, sampled = (statistics.median(measured[mode]) for mode in MODES)
+        greedy, sampled, whole = (statistics.median(measured[mode]) for mode in MODES)
         mixed = statistics.median(measured["json"]) if measured["json"] else float("nan")
         print(
             f"{count:>8} {greedy:>9.0f} {sampled:>9.0f} {sampled / greedy:>6.2f} "
-            f"{mixed:>11.0f} {mixed / sampled:>10.2f}",
+            f"{whole:>9.0f} {whole / greedy:>6.2f} {mixed:>11.0f} {mixed / sampled:>10.2f}",
             flush=True,
         )
     backend.close()

@@ -18,9 +18,11 @@ from service.backends.batch_sampling import (
     Row,
     batchable,
     draw_among,
+    drawn_from_whole_rows,
     sample_rows,
     uniform,
 )
+from service.backends.native import sampler as native_sampler
 from service.text.requests import SamplingParams
 
 DRAWS = 12_000
@@ -141,6 +143,15 @@ CASES = {
         0.0,
         "repeated",
     ),
+    # Without top-k: sampler.c's draw over the whole row.
+    "no top-k, top-p decides": (params(top_k=0, top_p=0.9, min_p=0.0), 0.0, ""),
+    "no top-k, hot": (params(top_k=0, temperature=1.4, top_p=0.8, min_p=0.0), 0.0, ""),
+    "no top-k, min-p decides": (params(top_k=0, top_p=1.0, min_p=0.02), 0.0, ""),
+    "no top-k, both, with penalties": (
+        params(top_k=0, top_p=0.7, min_p=0.01, repeat_penalty=1.3, presence_penalty=0.5),
+        0.0,
+        "repeated",
+    ),
 }
 
 
@@ -159,6 +170,8 @@ def recent_tokens(logits: np.ndarray, kind: str) -> list[int]:
 @pytest.mark.parametrize("case", list(CASES))
 def test_the_same_settings_give_llama_cpps_distribution(case: str) -> None:
     sampling, shift, recent_kind = CASES[case]
+    if sampling.top_k == 0 and not native_sampler.available():
+        pytest.skip("rows without top-k are drawn by sampler.c, which was not built")
     logits = fixed_logits(shift)
     recent = recent_tokens(logits, recent_kind)
     ours = our_draws(logits, sampling, recent)
@@ -263,3 +276,66 @@ def test_a_draw_among_the_best_is_the_draw_among_all_or_undecided() -> None:
         assert among_best in (None, whole)
         decided += among_best is not None
     assert decided > 300  # most are decided from the best alone
+
+
+needs_sampler_c = pytest.mark.skipif(
+    not native_sampler.available(), reason="sampler.c was not built (make install builds it)"
+)
+
+
+def nucleus(logits: np.ndarray, sampling: SamplingParams) -> set[int]:
+    """The tokens top-p and min-p keep, by the definition: sorted, the fewest whose
+    probability reaches top_p, then those within min_p of the best."""
+    order = np.argsort(-logits, kind="stable")
+    weights = np.exp(logits[order].astype(np.float64) - logits.max())
+    reach = np.cumsum(weights) / weights.sum()
+    kept = order[: int(np.searchsorted(reach, sampling.top_p)) + 1]
+    floor = logits.max() + math.log(sampling.min_p) if sampling.min_p > 0 else -np.inf
+    return {int(token) for token in kept if logits[token] >= floor}
+
+
+@needs_sampler_c
+def test_rows_without_top_k_are_drawn_by_sampler_c_and_never_by_llama_cpps_chain() -> None:
+    assert drawn_from_whole_rows(params(top_k=0))
+    assert not drawn_from_whole_rows(params(top_k=40))
+    assert not drawn_from_whole_rows(params(top_k=0, temperature=0.0))  # greedy: top-1
+    assert not drawn_from_whole_rows(params(top_k=0, repeat_penalty=0.9))  # raises tokens
+    assert not batchable(params(top_k=0))  # not from the best candidates
+
+
+@needs_sampler_c
+def test_a_flat_vocabulary_draws_only_from_its_wide_nucleus() -> None:
+    # Gemma's 262,144 tokens, nearly equally likely: top-p 0.95 keeps most of them.
+    rng = np.random.default_rng(5)
+    logits = (rng.standard_normal(262_144) * 0.05).astype(np.float32)
+    sampling = params(top_k=0, top_p=0.95, min_p=0.0, temperature=1.0)
+    kept = nucleus(logits, sampling)
+    assert len(kept) > 200_000
+    rows = [Row(sampling, draw) for draw in range(400)]
+    drawn = sample_rows(np.tile(logits, (len(rows), 1)), rows)
+    assert set(drawn) <= kept
+    assert len(set(drawn)) > 350  # spread over the nucleus, not a few tokens
+
+
+@needs_sampler_c
+def test_tied_tokens_at_the_cut_are_kept_in_id_order_as_many_as_the_mass_needs() -> None:
+    logits = np.full(64, -30.0, dtype=np.float32)
+    logits[[3, 9, 17, 40]] = 5.0  # four equally likely tokens hold nearly all the mass
+    sampling = params(top_k=0, top_p=0.45, min_p=0.0)  # two of them reach 0.45 of it
+    rows = [Row(sampling, draw) for draw in range(300)]
+    drawn = Counter(sample_rows(np.tile(logits, (len(rows), 1)), rows))
+    assert set(drawn) == {3, 9}
+
+
+@needs_sampler_c
+def test_a_row_without_top_k_draws_the_same_alone_and_among_other_rows() -> None:
+    logits = fixed_logits()
+    whole = params(top_k=0, top_p=0.9, seed=21)
+    alone = [sample_rows(logits[None, :], [Row(whole, draw)])[0] for draw in range(40)]
+    others = [params(seed=4), params(temperature=0.0), params(top_k=0, seed=8)]
+    among = []
+    for draw in range(40):
+        rows = [Row(others[0], draw), Row(whole, draw), Row(others[1], 0), Row(others[2], 1)]
+        among.append(sample_rows(np.tile(logits, (len(rows), 1)), rows)[1])
+    assert alone == among
+    assert len(set(alone)) > 5

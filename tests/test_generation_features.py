@@ -120,8 +120,11 @@ def test_top_logprobs_beyond_the_bound_is_invalid_argument(stub: pb_grpc.Inferen
     assert caught.value.code() == grpc.StatusCode.INVALID_ARGUMENT
 
 
-def sampled(prompt: str, seed: int) -> pb.GenerateRequest:
-    return pb.GenerateRequest(prompt=prompt, max_tokens=24, temperature=1.0, seed=seed)
+def sampled(prompt: str, seed: int, top_k: int | None = None) -> pb.GenerateRequest:
+    request = pb.GenerateRequest(prompt=prompt, max_tokens=24, temperature=1.0, seed=seed)
+    if top_k is not None:
+        request.top_k = top_k
+    return request
 
 
 def test_a_seed_repeats_a_sampled_text_on_a_model_without_cached_conversations() -> None:
@@ -134,10 +137,11 @@ def test_a_seed_repeats_a_sampled_text_on_a_model_without_cached_conversations()
     assert other != texts[0]
 
 
+@pytest.mark.parametrize("top_k", [None, 0], ids=["model's top-k", "no top-k: whole rows"])
 def test_a_seeded_text_next_to_another_stream_starts_the_same(
-    stub: pb_grpc.InferenceStub,
+    stub: pb_grpc.InferenceStub, top_k: int | None
 ) -> None:
-    request = sampled("My favourite animal is", 7)
+    request = sampled("My favourite animal is", 7, top_k)
     alone = token_ids(collect(stub.Generate(request)))
     neighbour = stub.Generate(
         pb.GenerateRequest(prompt="Count: 1, 2,", max_tokens=60, temperature=0)

@@ -243,3 +243,13 @@ def test_auto_draws_only_greedy_rows_in_the_graph(setting: str, sampled_path: in
         assert graph.mode(with_logprobs) == graph_sampling.HOST
     finally:
         graph.close()
+
+
+def test_rows_without_top_k_are_drawn_on_the_host_even_with_the_graph_on() -> None:
+    """The graph finds a row's top-k candidates; a row without top-k reads the whole row."""
+    graph = graph_sampling.GraphSampling(2, top_candidates=True)
+    try:
+        whole = graph_sampling.RowPath(False, True, replace(SAMPLED, top_k=0), logprobs=False)
+        assert graph.mode(whole) == graph_sampling.HOST
+    finally:
+        graph.close()

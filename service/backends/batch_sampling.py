@@ -20,6 +20,11 @@ row all lie in the k blocks with the largest maxima, since every block holds its
 maximum and there are only k values at least as large as the k-th; so only those
 blocks are searched.
 
+A row without top-k (top_k 0) has no few best candidates to work on: sampler.c
+draws it from the whole row, in passes whose cost does not depend on how many
+tokens top-p keeps (its whole_row_draw), where llama.cpp's chain sorts them. Such
+rows are batched only where sampler.c was built; elsewhere the chain draws them.
+
 Each draw comes from a counter-based generator keyed by the request's seed
 and the draw's index in that request, so a seeded request draws the same
 numbers whichever other requests share its steps.
@@ -50,12 +55,27 @@ Tokens = npt.NDArray[np.int32]
 
 
 def batchable(params: SamplingParams) -> bool:
-    """Whether this request's settings are sampled here rather than by llama.cpp."""
+    """Whether this request's settings are sampled here, from each row's best
+    candidates, rather than by llama.cpp."""
+    return _rows_drawn_here(params) and (params.temperature == 0 or 0 < params.top_k <= MAX_TOP_K)
+
+
+def drawn_from_whole_rows(params: SamplingParams) -> bool:
+    """Whether this request's draws are sampler.c's draw over the whole row: sampled
+    without top-k (top_k 0), where sampler.c was built. Its cost does not grow with
+    how many tokens top-p keeps, where llama.cpp's chain sorts them."""
+    return (
+        params.temperature != 0
+        and params.top_k == 0
+        and _rows_drawn_here(params)
+        and native_sampler.available()
+    )
+
+
+def _rows_drawn_here(params: SamplingParams) -> bool:
     if params.repeat_penalty < 1.0 or params.presence_penalty < 0 or params.frequency_penalty < 0:
         return False  # raises repeated tokens from anywhere in the row
-    if params.logit_bias:
-        return False  # raises or lowers any token of the row: llama.cpp's logit-bias sampler
-    return params.temperature == 0 or 0 < params.top_k <= MAX_TOP_K
+    return not params.logit_bias  # raises or lowers any token: llama.cpp's logit-bias sampler
 
 
 @dataclass(frozen=True)

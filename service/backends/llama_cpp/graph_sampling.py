@@ -32,7 +32,12 @@ import llama_cpp
 import numpy as np
 import numpy.typing as npt
 
-from service.backends.batch_sampling import Row, row_candidates, sample_from_candidates
+from service.backends.batch_sampling import (
+    Row,
+    drawn_from_whole_rows,
+    row_candidates,
+    sample_from_candidates,
+)
 from service.backends.native import graph_sampler
 from service.backends.native.graph_sampler import GREEDY, HOST, TOP, GraphSamplers
 
@@ -60,7 +65,8 @@ class RowPath:
             return HOST
         if self.greedy:
             return GREEDY
-        if self.batched and row_candidates(self.params) <= GRAPH_TOP:
+        whole_row = drawn_from_whole_rows(self.params)  # the graph finds only a top-k
+        if self.batched and not whole_row and row_candidates(self.params) <= GRAPH_TOP:
             return TOP
         return HOST
 

@@ -48,6 +48,7 @@ from service.backends.batch_sampling import (
     batchable,
     best_of_row,
     draw_among,
+    drawn_from_whole_rows,
     row_candidates,
 )
 from service.backends.llama_cpp.log import captured_parser_output
@@ -104,14 +105,18 @@ class SamplerChain:
         # Without a grammar, the common settings are sampled for the whole step at once
         # (service.backends.batch_sampling), and this chain is never built. With one,
         # they are drawn the same way from the candidates the grammar allows.
-        self.batched = not self.plain_greedy and grammar is None and batchable(params)
+        self.batched = (
+            not self.plain_greedy
+            and grammar is None
+            and (batchable(params) or drawn_from_whole_rows(params))
+        )
         self.params = params
         self.draws = 0  # tokens drawn so far: the batched sampler's counter
         self._grammar = None if grammar is None else _GrammarGuard(vocab, grammar)
         self._chain: llama_cpp.llama_sampler_p | None = None
         # The chain's candidate buffer and their ids, when there is no grammar's.
         self._whole: tuple[npt.NDArray[np.void], npt.NDArray[np.int32]] | None = None
-        if batchable(params):  # plain greedy, batched, or a grammar's allowed tokens
+        if self.batched or batchable(params):  # plain greedy, batched, or a grammar's
             return
         self._chain = llama_cpp.llama_sampler_chain_init(
             llama_cpp.llama_sampler_chain_default_params()

@@ -402,10 +402,186 @@ static int64_t finish_row(Candidate *items, int64_t found, const double *own,
 }
 
 /*
+ * A whole row's draw, for a row without top-k (top_k 0): top-p and min-p over the
+ * whole vocabulary, in passes over the row whose cost does not depend on how many
+ * tokens they keep, where sorting the vocabulary (llama.cpp's chain) costs most on a
+ * flat distribution, whose nucleus is most of it.
+ *
+ * The row's probabilities at temperature 1 are w = exp(logit - max), as floats,
+ * summed in double (a token more than 87 below the maximum weighs nothing, as no
+ * float holds its weight). Top-p keeps the fewest most probable tokens whose mass
+ * reaches top_p of the total. The weight where that happens is found from the
+ * weights' bits (positive floats order as their bits do), 12, then 12, then the last
+ * 7 at a time: each level sums the mass per bucket of its bits and walks the buckets
+ * from the heaviest down, and the next level reads only the tokens of the bucket
+ * where the mass crosses. Every token above that weight is kept, and of those at
+ * exactly it as many as the mass still needs, in the order of their ids. Min-p then
+ * keeps the tokens whose logit is at least max + log(min_p). The draw is
+ * softmax(logit / temperature) over the kept tokens, walked in id order: the sorted
+ * walk's distribution, and the same token for the same seed and draw wherever the
+ * row is drawn.
+ */
+enum { LEVEL_BUCKETS = 4096 };
+
+typedef struct {
+    float *values;   /* the row's logits, penalized; then the kept tokens' draw weights */
+    float *weights;  /* exp(logit - max) */
+    int32_t *picked; /* the ids a level of the top-p search reads */
+    double mass[LEVEL_BUCKETS];
+} WholeRow;
+
+static uint32_t bits_of(float value) {
+    uint32_t bits;
+    memcpy(&bits, &value, sizeof bits);
+    return bits;
+}
+
+/* The penalties on each distinct recent token of a whole row (see penalize). */
+static void penalize_row(float *values, int64_t columns, const int32_t *recent, int64_t window,
+                         float repeat, float presence, float frequency) {
+    for (int64_t j = 0; j < window; j++) {
+        const int32_t id = recent[j];
+        if (id < 0 || id >= columns) continue;
+        int seen = 0, occurrences = 0;
+        for (int64_t i = 0; i < window; i++) {
+            seen |= i < j && recent[i] == id;
+            occurrences += recent[i] == id;
+        }
+        if (seen) continue;
+        float value = values[id];
+        value = value <= 0 ? value * repeat : value / repeat;
+        values[id] = value - ((float)occurrences * frequency + presence);
+    }
+}
+
+/*
+ * One level of the top-p search over the `count` ids in picked[]: the bucket of
+ * (bits >> shift) & mask in which the mass, walked from the heaviest bucket down with
+ * `*above` already counted, reaches `target`. Leaves that bucket's ids in picked[] and
+ * returns how many; *above gains the mass of the heavier buckets, *key is the bucket.
+ */
+static int64_t crossing_bucket(WholeRow *row, int64_t count, int shift, uint32_t mask,
+                               double target, double *above, uint32_t *key) {
+    memset(row->mass, 0, sizeof row->mass);
+    for (int64_t i = 0; i < count; i++) {
+        const float w = row->weights[row->picked[i]];
+        row->mass[(bits_of(w) >> shift) & mask] += w;
+    }
+    uint32_t bucket = mask;
+    while (bucket > 0 && *above + row->mass[bucket] < target) *above += row->mass[bucket--];
+    *key = bucket;
+    int64_t left = 0;
+    for (int64_t i = 0; i < count; i++) {
+        const int32_t id = row->picked[i];
+        if (((bits_of(row->weights[id]) >> shift) & mask) == bucket) row->picked[left++] = id;
+    }
+    return left;
+}
+
+/* Top-p's cut: the kept tokens weigh more than *cut, or exactly it, of which the
+   first *at_cut in id order (-1: no top-p, every token is kept). */
+static void top_p_cut(WholeRow *row, int64_t columns, double top_p, double total,
+                      uint32_t *cut, int64_t *at_cut) {
+    *cut = 0;
+    *at_cut = -1;
+    if (top_p >= 1.0) return;
+    const double target = top_p * total;
+    int64_t count = 0;
+    for (int64_t i = 0; i < columns; i++) {
+        if (row->weights[i] > 0) row->picked[count++] = (int32_t)i;
+    }
+    double above = 0;
+    uint32_t high, middle, low;
+    count = crossing_bucket(row, count, 19, 0xFFF, target, &above, &high);
+    count = crossing_bucket(row, count, 7, 0xFFF, target, &above, &middle);
+    count = crossing_bucket(row, count, 0, 0x7F, target, &above, &low);
+    *cut = high << 19 | middle << 7 | low;
+    float weight;
+    memcpy(&weight, cut, sizeof weight);
+    int64_t needed = weight > 0 ? (int64_t)ceil((target - above) / weight) : count;
+    if (needed > count) needed = count;
+    *at_cut = needed < 1 ? 1 : needed;
+}
+
+static WholeRow *new_whole_row(int64_t columns) {
+    WholeRow *row = malloc(sizeof *row);
+    if (row == NULL) return NULL;
+    row->values = malloc(columns * sizeof(float));
+    row->weights = malloc(columns * sizeof(float));
+    row->picked = malloc(columns * sizeof(int32_t));
+    if (row->values && row->weights && row->picked) return row;
+    free(row->values);
+    free(row->weights);
+    free(row->picked);
+    free(row);
+    return NULL;
+}
+
+static void free_whole_row(WholeRow *row) {
+    if (row == NULL) return;
+    free(row->values);
+    free(row->weights);
+    free(row->picked);
+    free(row);
+}
+
+static int64_t whole_row_draw(const float *line, int64_t columns, const double *own,
+                              const int32_t *recent, int64_t window, WholeRow *row) {
+    float *values = row->values, *weights = row->weights;
+    memcpy(values, line, columns * sizeof(float));
+    const float repeat = (float)own[REPEAT_PENALTY];
+    const float presence = (float)own[PRESENCE_PENALTY];
+    const float frequency = (float)own[FREQUENCY_PENALTY];
+    if (recent != NULL && (repeat != 1.0f || presence != 0.0f || frequency != 0.0f)) {
+        penalize_row(values, columns, recent, window, repeat, presence, frequency);
+    }
+    int64_t best_id = -1;
+    float best = -INFINITY;
+    for (int64_t i = 0; i < columns; i++) {
+        if (values[i] > best) {
+            best = values[i];
+            best_id = i;
+        }
+    }
+    if (best_id < 0) return 0; /* no number in the row: NaNs, or only -inf */
+    double total = 0;
+    for (int64_t i = 0; i < columns; i++) {
+        const float value = values[i]; /* a NaN fails the comparison: weight 0 */
+        total += weights[i] = value >= best - 87.0f ? expf(value - best) : 0.0f;
+    }
+    uint32_t cut;
+    int64_t at_cut;
+    top_p_cut(row, columns, own[TOP_P], total, &cut, &at_cut);
+    const float floor = own[MIN_P] > 0 ? best + (float)log(own[MIN_P]) : -INFINITY;
+    /* values[i] becomes the kept tokens' weight at the temperature, -1 for the rest. */
+    const float temperature = (float)own[TEMPERATURE];
+    double running = 0;
+    int64_t seen_at_cut = 0;
+    for (int64_t i = 0; i < columns; i++) {
+        const uint32_t bits = bits_of(weights[i]);
+        int kept = weights[i] > 0 && bits >= cut && values[i] >= floor;
+        if (kept && bits == cut && at_cut >= 0) kept = seen_at_cut++ < at_cut;
+        values[i] = kept ? expf((values[i] - best) / temperature) : -1.0f;
+        if (kept) running += values[i];
+    }
+    const double target = uniform(own[SEED], own[DRAW]) * running;
+    double walked = 0;
+    int64_t last = best_id;
+    for (int64_t i = 0; i < columns; i++) {
+        if (values[i] <= 0) continue;
+        walked += values[i];
+        last = i;
+        if (walked > target) return i;
+    }
+    return last;
+}
+
+/*
  * One token for each of `rows` rows of `columns` logits (rows `stride` floats apart)
  * into tokens[row], by that row's `settings` (SETTINGS doubles a row: temperature, 0
- * for greedy; top_k, at least 1; top_p; min_p; the repetition, presence and
- * frequency penalties; the request's seed and which of its draws this is).
+ * for greedy; top_k, at least 1, or 0 for none: whole_row_draw; top_p; min_p; the
+ * repetition, presence and frequency penalties; the request's seed and which of its
+ * draws this is).
  * `recent` holds `window` token ids a row (-1 for none): the tokens the penalties
  * apply to; NULL when no row has a penalty. `widest` is the largest top_k of any
  * row. A row of NaNs gets token 0. Returns 0, or -1 when out of memory.
@@ -422,13 +598,24 @@ int sample_rows(const float *logits, int64_t rows, int64_t columns, int64_t stri
     Candidate *items = (Candidate *)scratch;
     double *work = (double *)(items + SLACK * most);
     float *maxima = (float *)(work + most);
+    WholeRow *whole = NULL; /* made for the first row without top-k */
     for (int64_t row = 0; row < rows; row++) {
         const double *own = settings + row * SETTINGS;
+        const int32_t *own_recent = recent ? recent + row * window : NULL;
+        if (own[TOP_K] == 0 && own[TEMPERATURE] != 0) {
+            if (whole == NULL && (whole = new_whole_row(columns)) == NULL) {
+                free(scratch);
+                return -1;
+            }
+            tokens[row] = whole_row_draw(logits + row * stride, columns, own, own_recent,
+                                         window, whole);
+            continue;
+        }
         int64_t width = row_width(own, recent != NULL, window, most);
         int64_t found = row_top_k(logits + row * stride, columns, width, items, maxima);
-        tokens[row] = finish_row(items, found, own, recent ? recent + row * window : NULL,
-                                 window, work);
+        tokens[row] = finish_row(items, found, own, own_recent, window, work);
     }
+    free_whole_row(whole);
     free(scratch);
     return 0;
 }

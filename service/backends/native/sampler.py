@@ -93,7 +93,8 @@ def draw_candidates(
 
 class StepDraws:
     """One token per row of `logits` into `tokens`, by the matching row of `settings`
-    (SETTINGS columns: TEMPERATURE, 0 for greedy; TOP_K, at least 1; TOP_P; MIN_P;
+    (SETTINGS columns: TEMPERATURE, 0 for greedy; TOP_K, at least 1, or 0 for a draw
+    over the whole row (sampler.c's whole_row_draw); TOP_P; MIN_P;
     REPEAT_PENALTY, PRESENCE and FREQUENCY, the penalties; SEED and DRAW, the
     request's seed and which of its draws this is, of which the draw's number comes
     as in batch_sampling.uniform). `recent` holds each row's recent token ids (-1
