@@ -4,14 +4,14 @@ from __future__ import annotations
 
 import threading
 import tomllib
-from collections.abc import Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import replace
 from pathlib import Path
 
 import llama_cpp
 import pytest
 
-from service.backends.base import SequenceRequest
+from service.backends.base import ActiveSequence, Sampled, SequenceRequest
 from service.backends.llama_cpp import backend as backend_module
 from service.backends.llama_cpp.backend import LlamaCppBackend, LlamaCppOptions, LlamaSequence
 from service.backends.llama_cpp.log import captured_native_log
@@ -366,3 +366,131 @@ def test_the_work_beside_a_gpu_forward_pass_keeps_every_stream_whole(
     assert not any("beside-forward" in name for sink in plain for name in sink.threads)
     # Nothing is left running: the backend takes max_sequences new ones at once.
     assert all(len(ids) for ids in run(backend, ["a", "b", "c"], 2))
+
+
+class _LateDraws:
+    """The backend's own draws (see own_draws) with their timing scripted, the way a
+    loaded machine times them: every other draw outlasts the step that started it and
+    shows as done from the next step on; the others are done before their step ends.
+    Each draw runs at once, where it starts: only when it shows as done is scripted,
+    so that the race goes the same way on every run."""
+
+    def __init__(self) -> None:
+        self.steps = 0  # counted by `_window_filler`'s backend
+        self._draws = 0
+        # Each draw, and the step from which it shows as done.
+        self._running: dict[LlamaSequence, tuple[Sampled, int]] = {}
+
+    def running(self, sequence: LlamaSequence) -> bool:
+        return sequence in self._running
+
+    def start(self, sequence: LlamaSequence, draw: Callable[[], Sampled]) -> None:
+        self._draws += 1
+        late = self._draws % 2
+        self._running[sequence] = (draw(), self.steps + late)
+
+    def wait(self, sequences: Iterable[LlamaSequence], seconds: float) -> None:
+        pass  # the script says when a draw is done
+
+    def wait_for_any(self, sequences: Iterable[LlamaSequence]) -> None:
+        for sequence in sequences:
+            if sequence in self._running:
+                self._running[sequence] = (self._running[sequence][0], self.steps)
+
+    def collect(self, sequences: Iterable[LlamaSequence]) -> dict[LlamaSequence, Sampled]:
+        done = [s for s in sequences if s in self._running and self._running[s][1] <= self.steps]
+        return {sequence: self._running.pop(sequence)[0] for sequence in done}
+
+    def settle(self, sequence: LlamaSequence) -> None:
+        self._running.pop(sequence, None)
+
+    def close(self) -> None:
+        self._running.clear()
+
+
+def _window_filler(tiny_model: Path) -> tuple[LlamaCppBackend, SequenceRequest]:
+    """A per-sequence tiny backend whose own draws come late every other time, and a
+    request (a sampler of its own: a logit bias that keeps the ends away) that fills
+    its sequence's window to the last cell."""
+    options = LlamaCppOptions(
+        context_size=256, threads=1, max_sequences=2, cached_sequences=1, kv_layout="per-sequence"
+    )
+    backend = LlamaCppBackend(tiny_model, options)
+    draws = backend._own_draws = _LateDraws()  # type: ignore[assignment]
+    step = backend.step
+
+    def counted_step(
+        sequences: Sequence[ActiveSequence], before_compute: Callable[[], None]
+    ) -> list[Sampled | None]:
+        draws.steps += 1
+        return step(sequences, before_compute)
+
+    backend.step = counted_step  # type: ignore[method-assign]
+    prompt = tuple(backend.tokenize(" ".join(f"item {i}," for i in range(10)), add_bos=True))
+    ends = tuple((t, -100.0) for t in range(backend.vocab_size) if backend.is_end_of_generation(t))
+    sampling = replace(GREEDY, logit_bias=ends)
+    return backend, SequenceRequest(prompt, sampling, backend.context_length - len(prompt))
+
+
+def test_a_late_draw_loses_no_token_and_the_window_fills_to_its_last_cell(
+    tiny_model: Path,
+) -> None:
+    """Issue 46: a draw taken up at the start of a step (and evaluated in it) had its
+    token replaced by the draw that step started, when that one was done in time: the
+    cache held a token the caller never saw, and a sequence filling its window ran out
+    of cells short of max_tokens (llama_decode failed; the model was discarded)."""
+    backend, request = _window_filler(tiny_model)
+    window = backend.context_length
+    try:
+        sequence = backend.start(request)
+        assert sequence is not None
+        produced: list[int] = []
+        for _ in range(3 * request.max_tokens):  # a bound: a sequence may sit steps out
+            sampled = backend.step([sequence], lambda: None)[0]
+            if sampled is not None:
+                produced.append(sampled.token)
+            if len(produced) == request.max_tokens:
+                break
+        evaluated = sequence.slot.tokens[len(request.prompt_ids) :]
+        backend.finish(sequence)
+    finally:
+        backend.close()
+    assert len(produced) == request.max_tokens
+    # Every token evaluated was handed out, in order, and none more than the window holds.
+    assert evaluated == produced[: len(evaluated)]
+    assert len(request.prompt_ids) + len(evaluated) <= window
+
+
+class _EndingSink(_TextSink):
+    def __init__(self) -> None:
+        super().__init__()
+        self.error: BaseException | None = None
+
+    def close(self, error: BaseException | None = None) -> None:
+        self.error = error
+        self.ended = True
+
+
+def test_a_stream_handed_out_beside_the_forward_pass_fills_the_window_to_its_last_cell(
+    tiny_model: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """With a GPU the scheduler learns that a request is done during the next step, so
+    the backend is stepped once more; a late draw's token is evaluated in the step that
+    returns it, so that extra step's token would need a cell past the window (tried on
+    the CPU by having the backend say it computes off it)."""
+    monkeypatch.setattr(LlamaCppBackend, "computes_off_cpu", property(lambda self: True))
+    backend, request = _window_filler(tiny_model)
+    sink = _EndingSink()
+    failures: list[str] = []
+    try:
+        scheduler = DecodeScheduler(backend, max_waiting=1, on_failure=failures.append)
+        scheduler.enqueue(DecodePlan(request, stop=(), time_limit_s=None), 0.0, sink)
+        while scheduler.step():
+            pass
+    finally:
+        backend.close()
+    # The stream may end whole before the step that fails the model does.
+    assert not failures
+    assert sink.error is None
+    assert sink.finished is not None
+    assert sink.finished.usage.completion_tokens == request.max_tokens

@@ -410,7 +410,13 @@ class LlamaCppBackend:
         # An own draw may hold the step up by its share of the forward pass, no more.
         share = (decoded - started) / len(chunks)
         self._own_draws.wait(drawing, decoded + share - time.perf_counter())
-        sampled |= self._collect_own_draws(own)
+        # One token a step each: a sequence that got a late draw's token at the start of
+        # this step (and evaluated it) has the draw it started since collected by the
+        # next step. Collected now as well, it would replace that token, which the cache
+        # holds and the caller would never see: a word missing from the text, and
+        # a cache a cell fuller than the tokens counted, which overflows at the
+        # window's end.
+        sampled |= self._collect_own_draws([s for s in own if s not in sampled])
         return [sampled.get(sequence) for sequence in own]
 
     def _decode_beside(self, work: Callable[[], None]) -> list[int]:
@@ -566,7 +572,7 @@ class LlamaCppBackend:
 
     def _plan_step(self, sequences: list[LlamaSequence]) -> dict[LlamaSequence, Chunk]:
         """This step's chunk per sequence, as `service.decode.step_plan` decides it."""
-        seats = [Seat(len(s.pending), s.decoding, self._own_draws.running(s)) for s in sequences]
+        seats = [Seat(_evaluable(s), s.decoding, self._own_draws.running(s)) for s in sequences]
         takes = plan_step(seats, self._batch.capacity, self._prefill_chunk)
         return {
             sequence: Chunk(
@@ -650,6 +656,21 @@ class LlamaCppBackend:
         return bytes(llama_cpp.llama_vocab_get_text(self._vocab, token_id)).decode(
             "utf-8", errors="replace"
         )
+
+
+def _evaluable(sequence: LlamaSequence) -> int:
+    """Its pending tokens that fit the cells its slot reserved (prompt and max_tokens).
+
+    A sequence may be stepped once more after its last token (with a GPU the scheduler
+    learns that it is done during the next forward pass, see `service.decode.scheduler`),
+    and a token drawn late is evaluated in the step that returns it: that extra token
+    would need a cell past the reservation, which at the window's end does not exist
+    (llama_decode fails, and the model is discarded). It was never needed: it sits out.
+    """
+    reserved = sequence.slot.reserved
+    if reserved is None:
+        return len(sequence.pending)
+    return max(min(len(sequence.pending), reserved - len(sequence.slot.tokens)), 0)
 
 
 def _draw_of(sequence: LlamaSequence) -> Row:
