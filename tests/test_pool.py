@@ -379,6 +379,29 @@ def test_max_loaded_models_evicts_down_to_the_limit(
     run(scenario)
 
 
+def test_a_model_loaded_for_waiting_requests_is_theirs_before_another_load_evicts_it(
+    needs: dict[str, int], engines: Engines
+) -> None:
+    # One model at a time, and a request for each of two models, both loading: when the
+    # first load ends, the second wakes to look for room before the first's request
+    # takes its model up. It used to evict it, that request to load it again, and so
+    # on for ever (seen: a hang of the mixed-load test under two pytest workers).
+    async def scenario() -> None:
+        pool = fake_pool(pool_settings(needs, max_loaded_models=1, load_wait=60))
+        engines.hold(SMOLLM)
+        first = asyncio.create_task(use(pool, SMOLLM))
+        assert await eventually(lambda: pool.loading() == [SMOLLM])
+        second = asyncio.create_task(use(pool, GEMMA))
+        assert await eventually(lambda: pool.waiting_for_memory() == [GEMMA])
+        engines.release(SMOLLM)
+        await asyncio.wait_for(asyncio.gather(first, second), 30)
+        assert [engine.name for engine in engines.started] == [SMOLLM, GEMMA]
+        assert list(pool.stats.recent_evictions) == [SMOLLM]
+        await pool.close()
+
+    run(scenario)
+
+
 def test_idle_models_are_unloaded_after_the_keep_alive_but_not_the_default(
     needs: dict[str, int], engines: Engines
 ) -> None:

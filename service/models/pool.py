@@ -96,6 +96,9 @@ class LoadedModel:
     device_bytes: int = 0  # GPU memory, likewise
     last_used: float = field(default_factory=time.time)
     active_requests: int = 0
+    # Requests that waited for this model's load and have not yet taken it up: it is
+    # theirs, not idle, however soon another load looks for room (see ModelPool.get).
+    claims: int = 0
     # The file or folder it was loaded from (a hub model's, under its snapshot).
     path: str | None = None
     # Set when the backend failed mid-request or its engine died; the model is
@@ -110,6 +113,11 @@ class LoadedModel:
     def __post_init__(self) -> None:
         self.estimated_bytes = self.memory_bytes
         self.estimated_device_bytes = self.device_bytes
+
+    @property
+    def idle(self) -> bool:
+        """Serving nothing and claimed by no request: a model eviction may take."""
+        return self.active_requests == 0 and self.claims == 0
 
     @property
     def name(self) -> str:
@@ -152,6 +160,9 @@ class _Load:
     host_bytes: int = 0
     device_bytes: int = 0
     waiting_for_memory: bool = False
+    # Requests awaiting it now, and the model it made once it ended.
+    waiters: int = 0
+    model: LoadedModel | None = None
     # Set once the load has its memory and its engine is starting.
     engine_starting: asyncio.Event = field(default_factory=asyncio.Event)
 
@@ -300,7 +311,7 @@ class ModelPool:
         for model in others:  # least recently used first
             if enough():
                 break
-            if model.active_requests == 0:
+            if model.idle:
                 evict.append(model.name)
                 free += model.memory_bytes
                 device_free = None if device_free is None else device_free + model.device_bytes
@@ -400,8 +411,17 @@ class ModelPool:
             load = self._loading.get(spec.name) or self._start_load(spec, capability)
             assert load.task is not None  # set when the load started
             # Shielded: a request that goes away leaves the load to the others. The
-            # model may be evicted before this request looks again: then it loads anew.
-            await asyncio.shield(load.task)
+            # model is claimed for each request that awaited it until that request
+            # looks again: a load waiting for room could otherwise evict it first, and
+            # two requests for two models that do not fit together would evict each
+            # other's model for ever.
+            load.waiters += 1
+            try:
+                await asyncio.shield(load.task)
+            finally:
+                load.waiters -= 1
+                if load.model is not None:
+                    load.model.claims -= 1
 
     async def load_begins(self, name: str, capability: Capability = Capability.TEXT) -> str | None:
         """For a model that is not loaded: start its load (or join the one under way)
@@ -482,6 +502,7 @@ class ModelPool:
         try:
             model = await self._admit_and_load(load, spec, capability)
             self._loaded[spec.name] = model  # in the same step the reservation goes
+            model.claims, load.model = load.waiters, model
             self.on_loaded(spec.name)
         finally:
             del self._loading[spec.name]
@@ -698,9 +719,7 @@ class ModelPool:
         idle = [
             model.name
             for model in self._loaded.values()
-            if model.active_requests == 0
-            and model.last_used < cutoff
-            and model.name != self.catalog.default_model
+            if model.idle and model.last_used < cutoff and model.name != self.catalog.default_model
         ]
         await self._evict(idle, f"idle for {self.limits.keep_alive:g} s")
         return idle
