@@ -29,7 +29,7 @@ from inference.v1 import inference_pb2_grpc as pb_grpc
 from service.config import ModelConfig
 from tests.conftest import SMOLLM, RunningServer, make_settings, serving
 
-SLOTS = 4  # --max-concurrent and --parallel-sequences
+SLOTS = 4  # --parallel-sequences; twice as many may hold a slot (--max-concurrent)
 # SmolLM2's end-of-generation ids, never sampled: every generation would run to
 # max_tokens, tens of seconds on one thread, if a deadline failed to end it.
 NEVER_ENDS = {0: -100.0, 2: -100.0}
@@ -141,11 +141,13 @@ def _swept(
     what: str,
     holding: int = 0,
 ) -> None:
-    """Run `calls` SLOTS at a time; every one must end DEADLINE_EXCEEDED, and within a
-    second of each round everything they held must be free."""
-    for start in range(0, len(calls), SLOTS):
-        with ThreadPoolExecutor(max_workers=SLOTS) as pool:
-            codes = list(pool.map(lambda call: call(), calls[start : start + SLOTS]))
+    """Run `calls` 2 * SLOTS at a time (half of them wait for a place in the batch);
+    every one must end DEADLINE_EXCEEDED, and within a second of each round everything
+    they held must be free."""
+    at_once = 2 * SLOTS
+    for start in range(0, len(calls), at_once):
+        with ThreadPoolExecutor(max_workers=at_once) as pool:
+            codes = list(pool.map(lambda call: call(), calls[start : start + at_once]))
         assert codes == ["DEADLINE_EXCEEDED"] * len(codes), (what, codes)
         _within_a_second(_settled(running, holding), what)
 
@@ -155,7 +157,7 @@ def test_deadlines_while_decoding_to_a_reader(
 ) -> None:
     running, stub = deadlines
     rng = random.Random(1)
-    calls = _calls(_read, stub, rng, 80, words=20, seconds=(0.05, 1.5))
+    calls = _calls(_read, stub, rng, 80, words=20, seconds=(0.05, 1.2))
     _swept(running, calls, "decoding")
 
 
@@ -166,7 +168,7 @@ def test_deadlines_while_the_server_waits_to_write(
     rng = random.Random(2)
     # Twenty alternatives a token: the client's window is full within a few dozen.
     wordy = {"logprobs": True, "top_logprobs": 20}
-    calls = _calls(_unread, stub, rng, 48, words=20, seconds=(0.3, 1.5), **wordy)
+    calls = _calls(_unread, stub, rng, 48, words=20, seconds=(0.3, 1.2), **wordy)
     _swept(running, calls, "writing")
 
 
@@ -175,7 +177,7 @@ def test_deadlines_while_prefilling_a_long_prompt(
 ) -> None:
     running, stub = deadlines
     rng = random.Random(3)
-    calls = _calls(_read, stub, rng, 32, words=1800, seconds=(0.05, 1.0))
+    calls = _calls(_read, stub, rng, 32, words=1800, seconds=(0.05, 0.8))
     _swept(running, calls, "prefilling")
 
 
@@ -216,7 +218,7 @@ def test_deadlines_while_queued(
     calls, reader = _blockers(stub, holding, rng)
     try:
         _within_a_second_or_load(running, holding)
-        queued = _calls(_read, stub, rng, 24, words=20, seconds=(0.05, 0.6))
+        queued = _calls(_read, stub, rng, 24, words=20, seconds=(0.05, 0.5))
         _swept(running, queued, stage, holding=holding)
     finally:
         _ended(calls, reader)
