@@ -479,20 +479,22 @@ static int64_t crossing_bucket(WholeRow *row, int64_t count, int shift, uint32_t
 }
 
 /* Top-p's cut: the kept tokens weigh more than *cut, or exactly it, of which the
-   first *at_cut in id order (-1: no top-p, every token is kept). */
+   first *at_cut in id order (-1: no top-p, every token is kept). row->mass holds the
+   first level's mass per bucket of the weights' top 12 bits, summed over the row. */
 static void top_p_cut(WholeRow *row, int64_t columns, double top_p, double total,
                       uint32_t *cut, int64_t *at_cut) {
     *cut = 0;
     *at_cut = -1;
     if (top_p >= 1.0) return;
     const double target = top_p * total;
+    double above = 0;
+    uint32_t high = 0xFFF, middle, low;
+    while (high > 0 && above + row->mass[high] < target) above += row->mass[high--];
     int64_t count = 0;
     for (int64_t i = 0; i < columns; i++) {
-        if (row->weights[i] > 0) row->picked[count++] = (int32_t)i;
+        const float w = row->weights[i];
+        if (w > 0 && bits_of(w) >> 19 == high) row->picked[count++] = (int32_t)i;
     }
-    double above = 0;
-    uint32_t high, middle, low;
-    count = crossing_bucket(row, count, 19, 0xFFF, target, &above, &high);
     count = crossing_bucket(row, count, 7, 0xFFF, target, &above, &middle);
     count = crossing_bucket(row, count, 0, 0x7F, target, &above, &low);
     *cut = high << 19 | middle << 7 | low;
@@ -544,10 +546,17 @@ static int64_t whole_row_draw(const float *line, int64_t columns, const double *
         }
     }
     if (best_id < 0) return 0; /* no number in the row: NaNs, or only -inf */
-    double total = 0;
+    const float lowest = best - 87.0f;
     for (int64_t i = 0; i < columns; i++) {
         const float value = values[i]; /* a NaN fails the comparison: weight 0 */
-        total += weights[i] = value >= best - 87.0f ? expf(value - best) : 0.0f;
+        weights[i] = value >= lowest ? expf(value - best) : 0.0f;
+    }
+    double total = 0;
+    memset(row->mass, 0, sizeof row->mass);
+    for (int64_t i = 0; i < columns; i++) {
+        const float w = weights[i];
+        total += w;
+        row->mass[bits_of(w) >> 19] += w;
     }
     uint32_t cut;
     int64_t at_cut;
