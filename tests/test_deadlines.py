@@ -217,7 +217,7 @@ def test_deadlines_while_queued(
     rng = random.Random(4 + holding)
     calls, reader = _blockers(stub, holding, rng)
     try:
-        _within_a_second_or_load(running, holding)
+        _wait_for_blockers(running, holding)
         queued = _calls(_read, stub, rng, 24, words=20, seconds=(0.05, 0.5))
         _swept(running, queued, stage, holding=holding)
     finally:
@@ -225,7 +225,7 @@ def test_deadlines_while_queued(
     _within_a_second(_settled(running), f"the blockers of {stage!r}")
 
 
-def _within_a_second_or_load(running: RunningServer, holding: int) -> None:
+def _wait_for_blockers(running: RunningServer, holding: int) -> None:
     """Wait for the blockers to hold their slots (the first may load the model)."""
     deadline = time.monotonic() + 60
     while running.server.gate.active < holding:
