@@ -189,8 +189,21 @@ def test_a_draining_replica_finishes_its_streams_and_gets_no_new_ones() -> None:
         assert running.finished.finish_reason == pb.FINISH_REASON_LENGTH
 
 
-def test_a_killed_replica_ends_its_streams_and_the_rest_serve_on() -> None:
+def test_a_crashed_engine_is_unavailable_and_a_killed_replica_a_reset() -> None:
+    """What a mesh can retry: an engine that dies under a live front (a native crash,
+    the OOM killer) ends its streams with UNAVAILABLE trailers, which Envoy passes on;
+    a replica killed whole can only be reset by Envoy, and the rest serve on."""
     with cluster_process(2) as cluster:
+        crashed = Stream(cluster.listen)
+        with grpc.insecure_channel(crashed.replica) as direct:
+            models = pb_grpc.InferenceStub(direct).ListModels(pb.ListModelsRequest()).models
+        (engine_pid,) = [m.engine_pid for m in models if m.loaded]
+        os.kill(engine_pid, signal.SIGKILL)
+        crashed.join(timeout=30)
+        assert crashed.error is not None
+        assert crashed.error.code() == grpc.StatusCode.UNAVAILABLE
+        assert "SIGKILL" in (crashed.error.details() or "")
+
         doomed = Stream(cluster.listen)
         (survivor,) = set(cluster.replicas) - {doomed.replica}
         cluster.signal_replica(doomed.replica, signal.SIGKILL)
