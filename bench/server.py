@@ -55,6 +55,8 @@ def concurrent_tps(streams: int, one: Callable[[int], int]) -> float:
 
 # What people sample with: the setting of the "sampled" rows beside the greedy ones.
 SAMPLED = {"temperature": 0.8, "top_p": 0.95}
+# Sampled without top-k: top-p and min-p decide over the whole vocabulary.
+WHOLE_ROW = {"temperature": 0.8, "top_p": 0.95, "top_k": 0}
 
 
 def service_run(

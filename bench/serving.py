@@ -20,7 +20,8 @@ loop runs at the same lengths and batch (bench.ceiling) as the ceiling row. `--o
 writes the figures as JSON and a chart.
 
 `--samplings greedy,sampled` sends the same work greedy, then sampled
-(temperature 0.8, top_p 0.95), to one server; `--sample-in-graph on,off` starts
+(temperature 0.8, top_p 0.95; `whole`: the same without top-k, so that top-p and
+min-p decide over the whole vocabulary), to one server; `--sample-in-graph on,off` starts
 the service once per setting (issue 39: draws inside llama.cpp's graph, or on
 the host). Each service row is then named by both, and every row's ratios to
 the first service row, to llama-server and to the ceiling are printed.
@@ -44,7 +45,7 @@ from bench.ceiling import Ceiling, batched_bench_command, measure
 from bench.chart import bar_chart
 from bench.llama_server import GPU_FLAGS, llama_server
 from bench.py_spy import recording
-from bench.server import SAMPLED, running_server
+from bench.server import SAMPLED, WHOLE_ROW, running_server
 from bench.targets import LlamaServerTarget, Outcome, ServiceTarget, Target
 from bench.workload import Lengths, Request, Texts, parse_range, poisson_gaps, requests
 from service.admission.gates import llama_cpp_computes_on_gpu
@@ -99,6 +100,14 @@ async def _open_loop(target: Target, work: Sequence[Request], gaps: list[float])
         await asyncio.sleep(gap)
         tasks.append(asyncio.create_task(target.send(request)))
     return list(await asyncio.gather(*tasks))
+
+
+# What each --samplings kind sends (None: greedy, the targets' default).
+SAMPLINGS: dict[str, dict[str, float] | None] = {
+    "greedy": None,
+    "sampled": dict(SAMPLED),
+    "whole": dict(WHOLE_ROW),
+}
 
 
 def figures(
@@ -265,8 +274,8 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--sampled", action="store_true", help="temperature 0.8, top_p 0.95")
     parser.add_argument(
         "--samplings",
-        help="comma-separated: greedy, sampled; each sent to the same server in turn "
-        "(default: --sampled's choice)",
+        help="comma-separated: greedy, sampled, whole (sampled without top-k); each "
+        "sent to the same server in turn (default: --sampled's choice)",
     )
     parser.add_argument(
         "--sample-in-graph",
@@ -335,7 +344,10 @@ def main() -> None:
     args.step_tokens = batch_size_on(None, on_gpu)  # the service's default, as it settles it
     unified = args.kv_layout == "unified"
     samplings = (args.samplings or ("sampled" if args.sampled else "greedy")).split(",")
-    sampling = dict(SAMPLED) if samplings[0] == "sampled" else None
+    unknown = set(samplings) - set(SAMPLINGS)
+    if unknown:
+        raise SystemExit(f"--samplings: {', '.join(sorted(unknown))}? (greedy, sampled, whole)")
+    sampling = SAMPLINGS[samplings[0]]
     parallel = args.parallel_sequences or slots
     flags = ["--parallel-sequences", str(parallel), "--kv-layout", args.kv_layout]
     flags += ["--context-size", str(context if unified else longest)]
@@ -352,7 +364,7 @@ def main() -> None:
             profile = (args.out or Path("bench-results")) / "py-spy-service.txt"
             with recording(args.py_spy, pid, profile):
                 for kind in samplings:
-                    target = partial(ServiceTarget, address, SAMPLED if kind == "sampled" else None)
+                    target = partial(ServiceTarget, address, SAMPLINGS[kind])
                     result = asyncio.run(run_one(target, work, args))
                     name = f"svc {kind[:6]} {placement or 'dflt'}" if named else result.server
                     results.append(replace(result, server=name))

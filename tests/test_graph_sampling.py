@@ -17,6 +17,7 @@ from dataclasses import replace
 from typing import Any
 
 import numpy as np
+import numpy.typing as npt
 import pytest
 
 from service.backends.base import SequenceRequest
@@ -41,12 +42,12 @@ SAMPLED = SamplingParams(
 Request = tuple[str, SamplingParams, dict[str, Any]]
 
 
-def _backend(sample_in_graph: str, sequences: int = 5) -> LlamaCppBackend:
+def _backend(sample_in_graph: str, sequences: int = 5, cached: int = 1) -> LlamaCppBackend:
     options = LlamaCppOptions(
         context_size=512,
         threads=2,
         max_sequences=sequences,
-        cached_sequences=1,
+        cached_sequences=cached,
         sample_in_graph=sample_in_graph,  # type: ignore[arg-type]
     )
     return LlamaCppBackend(EMBEDDED_MODELS[SMOLLM].locate(), options)
@@ -245,11 +246,133 @@ def test_auto_draws_only_greedy_rows_in_the_graph(setting: str, sampled_path: in
         graph.close()
 
 
-def test_rows_without_top_k_are_drawn_on_the_host_even_with_the_graph_on() -> None:
-    """The graph finds a row's top-k candidates; a row without top-k reads the whole row."""
-    graph = graph_sampling.GraphSampling(2, top_candidates=True)
+@pytest.mark.parametrize("setting", ["on", "auto"])
+def test_rows_without_top_k_or_penalties_are_drawn_whole_in_the_graph(setting: str) -> None:
+    """The graph's whole-row draw (ROW) takes rows without top-k or penalties at a
+    temperature up to 1 and a top_p of at least ROW_LEAST_TOP_P; the rest of the rows
+    without top-k stay on the host, where sampler.c reads the whole row."""
+    graph = graph_sampling.GraphSampling(
+        2,
+        top_candidates=top_candidates_in_graph(setting),  # type: ignore[arg-type]
+    )
+    whole = replace(SAMPLED, top_k=0, repeat_penalty=1.0)
     try:
-        whole = graph_sampling.RowPath(False, True, replace(SAMPLED, top_k=0), logprobs=False)
-        assert graph.mode(whole) == graph_sampling.HOST
+
+        def mode(params: SamplingParams) -> int:
+            return graph.mode(graph_sampling.RowPath(False, True, params, logprobs=False))
+
+        assert mode(whole) == graph_sampling.ROW
+        assert mode(replace(whole, top_p=1.0, min_p=0.0, temperature=1.0)) == graph_sampling.ROW
+        assert mode(replace(whole, temperature=1.5)) == graph_sampling.HOST
+        assert mode(replace(whole, top_p=0.5)) == graph_sampling.HOST
+        assert mode(replace(whole, repeat_penalty=1.1)) == graph_sampling.HOST
+        assert mode(replace(whole, presence_penalty=0.5)) == graph_sampling.HOST
+        with_logprobs = graph_sampling.RowPath(False, True, whole, logprobs=True)
+        assert graph.mode(with_logprobs) == graph_sampling.HOST
     finally:
         graph.close()
+
+
+def _kept_distribution(
+    logits: npt.NDArray[np.float32], params: SamplingParams
+) -> npt.NDArray[np.float64]:
+    """What sampler.c's whole-row draw keeps and with what chance: top-p and min-p at
+    temperature 1, then softmax(logit / temperature) over the kept tokens."""
+    best = float(logits.max())
+    weights = np.exp(logits.astype(np.float64) - best)
+    order = np.argsort(-logits, kind="stable")
+    running = np.cumsum(weights[order]) / weights.sum()
+    kept = np.zeros(len(logits), dtype=bool)
+    kept[order[: int(np.searchsorted(running, params.top_p)) + 1]] = True
+    if params.min_p > 0:
+        kept &= logits >= best + np.log(params.min_p)
+    chances = np.where(kept, np.exp((logits.astype(np.float64) - best) / params.temperature), 0)
+    normalized: npt.NDArray[np.float64] = chances / chances.sum()
+    return normalized
+
+
+WHOLE = SamplingParams(temperature=0.8, top_p=0.95, top_k=0, min_p=0.0, repeat_penalty=1.0, seed=3)
+
+
+@pytest.mark.parametrize(
+    ("shape", "params"),
+    [
+        ("peaked", WHOLE),
+        ("peaked", replace(WHOLE, min_p=0.05, top_p=0.9, temperature=0.6)),
+        ("flat", WHOLE),
+        ("flat", replace(WHOLE, top_p=0.8, temperature=1.0)),
+        ("peaked", replace(WHOLE, top_p=1.0, min_p=0.1)),
+    ],
+)
+def test_the_graphs_whole_row_draw_follows_the_kept_tokens_chances(
+    shape: str, params: SamplingParams
+) -> None:
+    """20,000 draws of one row by the graph's own operations (ggml on the CPU): never
+    a token top-p or min-p drops, and each kept token as often as its chance (a
+    chi-square test at about one in a million). A flat row is where top-p keeps most
+    of the vocabulary and the draw's rounds fail most often."""
+    rng = np.random.default_rng(47)
+    vocabulary = 48 if shape == "peaked" else 4096
+    scale = 2.0 if shape == "peaked" else 0.05
+    row = (rng.standard_normal(vocabulary) * scale).astype(np.float32)
+    draws = 20_000
+    settings = graph_sampling.row_settings([Row(params, draw) for draw in range(draws)])
+    tokens = graph_sampler.draw_rows_on_cpu(np.tile(row, (2000, 1)), settings[:2000])
+    for start in range(2000, draws, 2000):
+        chunk = settings[start : start + 2000]
+        tokens = np.concatenate(
+            [tokens, graph_sampler.draw_rows_on_cpu(np.tile(row, (2000, 1)), chunk)]
+        )
+    chances = _kept_distribution(row, params)
+    counts = np.bincount(tokens, minlength=vocabulary)
+    assert counts[chances == 0].sum() == 0
+    if shape == "flat":  # too many tokens for a cell each: ten cells of equal chance
+        edges = np.searchsorted(np.cumsum(chances), np.linspace(0, 1, 11)[1:-1])
+        expected = np.diff([0, *np.cumsum(chances)[edges], 1]) * draws
+        observed = np.array([part.sum() for part in np.split(counts, edges + 1)])
+    else:
+        expected, observed = chances[chances > 0] * draws, counts[chances > 0]
+    chi_square = float(((observed - expected) ** 2 / expected).sum())
+    cells = len(expected) - 1
+    assert chi_square < cells + 7 * np.sqrt(2 * cells), (chi_square, cells)
+
+
+def test_a_whole_row_draw_depends_on_its_row_seed_and_draw_alone() -> None:
+    """The same row, seed and draw index give the same token wherever the row sits in
+    the step and whatever rows are beside it."""
+    rng = np.random.default_rng(5)
+    logits = (rng.standard_normal((64, 1024)) * 2).astype(np.float32)
+    rows = [
+        Row(replace(WHOLE, seed=int(seed)), draw)
+        for draw, seed in enumerate(rng.integers(0, 2**31, 64))
+    ]
+    settings = graph_sampling.row_settings(rows)
+    together = graph_sampler.draw_rows_on_cpu(logits, settings)
+    alone = [
+        int(graph_sampler.draw_rows_on_cpu(logits[i : i + 1], settings[i : i + 1])[0])
+        for i in range(8)
+    ]
+    assert list(together[:8]) == alone
+    order = rng.permutation(64)
+    shuffled = graph_sampler.draw_rows_on_cpu(logits[order], settings[order])
+    assert list(shuffled) == list(together[order])
+    # A new draw index is a new number: the row's tokens are not all one.
+    assert len(set(together.tolist())) > 8
+
+
+def test_whole_rows_drawn_in_the_graph_during_decoding_repeat_with_their_seeds() -> None:
+    """Sampled requests without top-k decode through the ROW path, every token drawn
+    in the graph, and a seed gives the same tokens again (one request at a time, no
+    cached prefix: docs/api.md, "What a seed guarantees")."""
+    backend = _backend("on", sequences=1, cached=0)
+    try:
+        requests: list[Request] = [
+            ("Once upon a time", replace(WHOLE, seed=seed), {}) for seed in (11, 12, 13)
+        ]
+        runs = [[_decode(backend, [request], 12) for request in requests] for _ in range(2)]
+    finally:
+        backend.close()
+    tokens = [run[0][0] for run in runs[0]]
+    assert [run[0][0] for run in runs[1]] == tokens
+    assert all(all(run[1][0]) for run in runs[0])  # drawn in the graph
+    assert len({tuple(row) for row in tokens}) == 3  # three seeds, three texts

@@ -386,12 +386,19 @@ class LlamaCppBackend:
             return [sampled.get(sequence) for sequence in own]
         self._batch.fill([chunk for _, chunk in chunks])
         if self._graph is not None:
+            # A ROW row's draw is made in the graph: its numbers are counted now.
+            row_draws = [
+                (chunk.seq_id, _draw_of(sequence))
+                for sequence, chunk in chunks
+                if chunk.wants_logits and sequence.mode == graph_sampling.ROW
+            ]
             self._graph.plan(
                 self._context.ctx,
                 [
                     PlannedRow(chunk.seq_id, len(chunk.tokens), chunk.wants_logits, sequence.mode)
                     for sequence, chunk in chunks
                 ],
+                row_draws,
             )
         started = time.perf_counter()
         outputs = self._decode_beside(before_compute)
@@ -503,11 +510,14 @@ class LlamaCppBackend:
         return int(np.argmax(self._row_logits(output)))
 
     def _graph_batched(self, ready: list[tuple[LlamaSequence, int]]) -> dict[LlamaSequence, int]:
-        """The batched rows' draws with in-graph sampling: from the graph's candidates
-        (TOP rows), else from each row's logits, all with the batched sampler's rules."""
+        """The batched rows' draws with in-graph sampling: the graph's own (ROW rows,
+        whose draws `step` counted before the decode), from the graph's candidates (TOP
+        rows), else from each row's logits, all with the batched sampler's rules."""
+        whole = [(sequence, out) for sequence, out in ready if sequence.mode == graph_sampling.ROW]
         top = [(sequence, out) for sequence, out in ready if sequence.mode == graph_sampling.TOP]
-        rest = [(sequence, out) for sequence, out in ready if sequence.mode != graph_sampling.TOP]
-        chosen: dict[LlamaSequence, int] = {}
+        rest = [(sequence, out) for sequence, out in ready if sequence.mode == graph_sampling.HOST]
+        context = self._context.ctx
+        chosen = {sequence: graph_sampling.sampled_token(context, out) for sequence, out in whole}
         if top:
             draws = [_draw_of(sequence) for sequence, _ in top]
             outputs = [output for _, output in top]

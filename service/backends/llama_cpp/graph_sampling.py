@@ -9,6 +9,13 @@ takes one of three paths, by what its request asks:
   logit, a top-k) whose draw reads at most GRAPH_TOP candidates, no logprobs: TOP,
   the GRAPH_TOP best logits and their ids come back and sampler.c draws from them,
   the same token as from the whole row;
+- sampled without top-k or penalties, at a temperature up to 1 and a top_p of at
+  least ROW_LEAST_TOP_P (or none): ROW, the whole draw in the graph
+  (graph_sampler.c's build_row_draws, by rejection, whose cost does not grow with
+  how many tokens top-p keeps); the token alone comes back. Its numbers are the
+  request's seed and draw index, as on the host, so the same seed gives the same
+  tokens alone or beside any other rows (a different token from the host's draw
+  for the same numbers: the two walk the kept tokens differently);
 - anything else (a grammar or JSON schema, top logprobs, a top-k past the
   candidates, settings llama.cpp's own chain samples): HOST, the row's logits come
   back as without in-graph sampling, and today's host path draws, in the same
@@ -25,6 +32,7 @@ makes llama.cpp build its graphs afresh (tens of milliseconds on a GPU, rarely).
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -37,17 +45,55 @@ from service.backends.batch_sampling import (
     drawn_from_whole_rows,
     row_candidates,
     sample_from_candidates,
+    splitmix64,
+    uniform,
 )
 from service.backends.native import graph_sampler
-from service.backends.native.graph_sampler import GREEDY, HOST, TOP, GraphSamplers
-
-__all__ = ["GRAPH_TOP", "GREEDY", "HOST", "TOP", "GraphSampling", "PlannedRow", "RowPath"]
+from service.backends.native.graph_sampler import (
+    GREEDY,
+    HOST,
+    NO_MIN_P,
+    NO_TOP_P,
+    ROW,
+    ROW_PARAMS,
+    ROW_ROUNDS,
+    TOP,
+    GraphSamplers,
+)
 from service.text.requests import SamplingParams
+
+__all__ = [
+    "GRAPH_TOP",
+    "GREEDY",
+    "HOST",
+    "ROW",
+    "TOP",
+    "GraphSampling",
+    "PlannedRow",
+    "RowPath",
+    "row_settings",
+]
 
 # Candidates a TOP row brings back: a top-k of 64 with the repetition penalty's
 # window (64), or of 128 without it. The graph's top-k is built with this size
 # once; a size per step would change the graph's shape with the requests.
 GRAPH_TOP = 128
+
+# The least top_p a ROW row may have: each round of the graph's draw fails with a
+# chance of at most 1 - top_p (at temperatures up to 1), and after ROW_ROUNDS failed
+# rounds the row's best token is taken: here at most 0.2**3, 0.8% of draws, and
+# 0.05**3 (1 in 8,000) at the common 0.95. Lower top_p values are drawn on the host.
+ROW_LEAST_TOP_P = 0.8
+
+
+def drawn_whole_in_graph(params: SamplingParams) -> bool:
+    """Whether a batched row's draw can be the graph's whole-row draw (ROW)."""
+    return (
+        0 < params.temperature <= 1
+        and params.top_k == 0
+        and not params.penalized
+        and params.top_p >= ROW_LEAST_TOP_P
+    )
 
 
 @dataclass(frozen=True)
@@ -65,6 +111,8 @@ class RowPath:
             return HOST
         if self.greedy:
             return GREEDY
+        if self.batched and drawn_whole_in_graph(self.params):
+            return ROW
         whole_row = drawn_from_whole_rows(self.params)  # the graph finds only a top-k
         if self.batched and not whole_row and row_candidates(self.params) <= GRAPH_TOP:
             return TOP
@@ -107,8 +155,14 @@ class GraphSampling:
     def attach(self, params: llama_cpp.llama_context_params) -> None:
         self.samplers.attach(params)
 
-    def plan(self, context: llama_cpp.llama_context_p, rows: Sequence[PlannedRow]) -> None:
-        """Write this step's paths before its decode."""
+    def plan(
+        self,
+        context: llama_cpp.llama_context_p,
+        rows: Sequence[PlannedRow],
+        row_draws: Sequence[tuple[int, Row]] = (),
+    ) -> None:
+        """Write this step's paths before its decode, and the numbers of its ROW
+        draws (sequence id, draw)."""
         shape = tuple((row.seq_id, row.tokens, row.output) for row in rows)
         modes = {row.seq_id: row.mode for row in rows if row.output}
         if shape == self._shape:  # llama.cpp would reuse the last graph as it is
@@ -116,16 +170,48 @@ class GraphSampling:
                 if self._modes.get(seq_id, mode) != mode:
                     self.samplers.renew(context, seq_id)
                     self.renewed += 1
+        # Sequences not in the step add nothing to a graph built for it (llama.cpp
+        # still asks their samplers, for a row they do not own).
+        self.samplers.modes[:] = HOST
         for seq_id, mode in modes.items():
             self.samplers.modes[seq_id] = mode
+        if row_draws:
+            seq_ids = [seq_id for seq_id, _ in row_draws]
+            self.samplers.row_params[seq_ids] = row_settings([draw for _, draw in row_draws])
+        self.samplers.next_step()
         self._shape, self._modes = shape, modes
 
     def close(self) -> None:
         self.samplers.close()
 
 
+def row_settings(rows: Sequence[Row]) -> npt.NDArray[np.float32]:
+    """ROW draws' settings as graph_sampler.c reads them (a row of ROW_PARAMS each):
+    1/temperature, top_p, log(min_p), then a number in [0, 1) per round. The first
+    round's number is the host's draw's (SplitMix64 of the seed and draw index); the
+    later ones are drawn on from it, so each depends only on the seed and the index."""
+    settings = np.empty((len(rows), ROW_PARAMS), dtype=np.float64)
+    for index, row in enumerate(rows):
+        params = row.params
+        settings[index, 0] = 1.0 / params.temperature
+        settings[index, 1] = params.top_p if params.top_p < 1 else NO_TOP_P
+        settings[index, 2] = math.log(params.min_p) if params.min_p > 0 else NO_MIN_P
+    settings[:, 3] = uniform(rows)
+    keys = np.array(
+        [((row.params.seed & 0xFFFFFFFF) << 32) | (row.draw & 0xFFFFFFFF) for row in rows],
+        dtype=np.uint64,
+    )
+    chained = splitmix64(keys)
+    for round_ in range(1, ROW_ROUNDS):
+        later = splitmix64(chained + np.uint64(round_))
+        settings[:, 3 + round_] = (later >> np.uint64(11)).astype(np.float64) * 2.0**-53
+    # float32's nearest to a number under 1 may be 1: keep the numbers below it.
+    settings[:, 3:] = np.minimum(settings[:, 3:], np.nextafter(np.float32(1), np.float32(0)))
+    return settings.astype(np.float32)
+
+
 def sampled_token(context: llama_cpp.llama_context_p, output: int) -> int:
-    """A GREEDY row's token."""
+    """A GREEDY or ROW row's token."""
     return int(llama_cpp.llama_get_sampled_token_ith(context, output))
 
 

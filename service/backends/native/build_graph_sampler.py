@@ -45,6 +45,7 @@ def build() -> Path:
         f"-L{libraries}",
         "-lllama",
         "-lggml-base",
+        "-ldl",
         f"-Wl,-rpath,{libraries}",
         "-o",
         str(TARGET),

@@ -19,7 +19,10 @@
  *   GS_TOP     the row's `top` largest logits and their token ids, from one top-k
  *              over every row, for the host to finish the draw on (penalties,
  *              top-k, top-p, min-p, temperature and the seeded draw: sampler.c's
- *              sample_candidates, the same numbers as from the whole row).
+ *              sample_candidates, the same numbers as from the whole row);
+ *   GS_ROW     the whole draw, for a row without top-k or penalties: only its token
+ *              comes back (see build_row_draws, whose cost does not grow with how
+ *              many tokens top-p keeps).
  *
  * The shared operations are made by the first sequence of the step that needs
  * each, on the tensor every row is a view of, and each sequence takes a view of
@@ -30,13 +33,22 @@
  * same shape as the last one, so a sequence whose mode changes must not take part
  * in a step shaped like the previous one (the backend holds it out for a step).
  */
+#include <dlfcn.h>
 #include <stdint.h>
 #include <stdlib.h>
+#include <string.h>
 
+#include "ggml-backend.h"
 #include "ggml.h"
 #include "llama.h"
 
-enum { GS_HOST = 0, GS_GREEDY = 1, GS_TOP = 2 };
+enum { GS_HOST = 0, GS_GREEDY = 1, GS_TOP = 2, GS_ROW = 3 };
+
+/* A GS_ROW row's settings, as the caller writes them per sequence id: 1/temperature,
+   top_p (above 1 for none), log(min_p) (-1e30 for none), then one number in [0, 1)
+   for each round of the draw. */
+enum { ROW_ROUNDS = 3 };
+enum { RP_INVERSE_TEMPERATURE, RP_TOP_P, RP_LOG_MIN_P, RP_UNIFORM, ROW_PARAMS = RP_UNIFORM + ROW_ROUNDS };
 
 typedef struct {
     int32_t sequences;
@@ -46,6 +58,15 @@ typedef struct {
     struct ggml_tensor *source;
     struct ggml_tensor *argmax;
     struct ggml_tensor *top_ids;
+    /* GS_ROW: the graph's settings input (ROW_PARAMS x rows), its tokens (one a row),
+       and which sequence id each row of the graph is (-1: none drawn there). */
+    struct ggml_tensor *row_inputs;
+    struct ggml_tensor *row_tokens;
+    int32_t *row_seq;
+    float *row_params; /* ROW_PARAMS a sequence id, written by the caller */
+    float *staging;    /* ROW_PARAMS a row, what row_inputs gets */
+    /* row_inputs is written once a step (and again for a graph built within it). */
+    uint64_t step, generation, written_step, written_generation;
 } Plan;
 
 typedef struct {
@@ -78,6 +99,110 @@ static void gs_backend_reset(struct llama_sampler *smpl) {
     plan->source = NULL;
     plan->argmax = NULL;
     plan->top_ids = NULL;
+    plan->row_inputs = NULL;
+    plan->row_tokens = NULL;
+    plan->generation++;
+    for (int32_t i = 0; i <= plan->sequences; i++) plan->row_seq[i] = -1;
+}
+
+/* A (1 x rows) column of the settings input: setting `which` of every row. */
+static struct ggml_tensor *setting(struct ggml_context *ctx, struct ggml_tensor *inputs, int which) {
+    struct ggml_tensor *column =
+        ggml_view_2d(ctx, inputs, 1, inputs->ne[1], inputs->nb[1], (size_t)which * sizeof(float));
+    return ggml_cont(ctx, column);
+}
+
+/* The logit of each row's token `index` (1 x rows, I32), as a (1 x rows) tensor. */
+static struct ggml_tensor *logit_at(struct ggml_context *ctx, struct ggml_tensor *logits3,
+                                    struct ggml_tensor *index) {
+    struct ggml_tensor *picked = ggml_get_rows(ctx, logits3, index);
+    return ggml_reshape_2d(ctx, picked, 1, logits3->ne[2]);
+}
+
+/*
+ * The whole draw of every row of `all` (vocabulary x rows), by the settings in
+ * plan->row_inputs: top-p and min-p at temperature 1 (as sampler.c reads them), the
+ * draw from softmax(logit / temperature) over the tokens both keep. No sort: the
+ * draw is by rejection, in passes over the rows that cost the same whatever top-p
+ * keeps.
+ *
+ * Both filters keep every token above some logit, so a token is kept when its logit
+ * is at least log(min_p) below the row's best and the mass (at temperature 1) of the
+ * tokens above it is less than top_p. A round draws a token from the weights left
+ * (inverse CDF in token id order, against that round's number) and keeps it if it
+ * passes; if not, every token at or below it fails too, and the next round draws from
+ * the tokens above it alone. The kept token's chances are then exactly the
+ * renormalized weights over the kept set. Min-p is applied to the weights before the
+ * first round, so a round fails only on top-p, with a chance of at most 1 - top_p
+ * at temperatures up to 1 (sharpening moves mass into the kept set). After
+ * ROW_ROUNDS failed rounds the row's best token is taken, which is always kept.
+ * Returns each row's token (1 x rows, I32).
+ */
+static struct ggml_tensor *build_row_draws(struct ggml_context *ctx, struct ggml_tensor *all,
+                                           struct ggml_tensor *inputs) {
+    const int64_t vocabulary = all->ne[0], rows = all->ne[1];
+    struct ggml_tensor *logits3 = ggml_reshape_3d(ctx, all, 1, vocabulary, rows);
+    struct ggml_tensor *top_p = setting(ctx, inputs, RP_TOP_P);
+    /* Probabilities at temperature 1 (the filters') and at the row's own (the draw's). */
+    struct ggml_tensor *plain = ggml_soft_max(ctx, all);
+    struct ggml_tensor *scaled =
+        ggml_soft_max(ctx, ggml_mul(ctx, all, setting(ctx, inputs, RP_INVERSE_TEMPERATURE)));
+    struct ggml_tensor *best = ggml_reshape_2d(ctx, ggml_argmax(ctx, all), 1, rows);
+    struct ggml_tensor *best_f = ggml_cast(ctx, best, GGML_TYPE_F32);
+    struct ggml_tensor *floor = ggml_add(ctx, logit_at(ctx, logits3, best), setting(ctx, inputs, RP_LOG_MIN_P));
+    /* Min-p's kept tokens: logit >= floor (a millionth of slack for the float sum). */
+    struct ggml_tensor *min_p_kept = ggml_step(ctx, ggml_scale_bias(ctx, ggml_sub(ctx, all, floor), 1.0f, 1e-6f));
+    struct ggml_tensor *weights = ggml_mul(ctx, scaled, min_p_kept);
+    struct ggml_tensor *picks[ROW_ROUNDS], *passes[ROW_ROUNDS];
+    for (int round = 0; round < ROW_ROUNDS; round++) {
+        struct ggml_tensor *cumulative = ggml_cumsum(ctx, weights);
+        struct ggml_tensor *total = ggml_cont(
+            ctx, ggml_view_2d(ctx, cumulative, 1, rows, cumulative->nb[1],
+                              (size_t)(vocabulary - 1) * sizeof(float)));
+        struct ggml_tensor *target = ggml_mul(ctx, total, setting(ctx, inputs, RP_UNIFORM + round));
+        /* The first token whose running weight passes the target: vocabulary less the
+           count of running weights above it. */
+        struct ggml_tensor *beyond = ggml_sum_rows(ctx, ggml_step(ctx, ggml_sub(ctx, cumulative, target)));
+        struct ggml_tensor *pick = ggml_scale_bias(ctx, ggml_clamp(ctx, beyond, 1.0f, (float)vocabulary),
+                                                   -1.0f, (float)vocabulary);
+        struct ggml_tensor *logit = logit_at(ctx, logits3, ggml_cast(ctx, pick, GGML_TYPE_I32));
+        struct ggml_tensor *above = ggml_step(ctx, ggml_sub(ctx, all, logit));
+        struct ggml_tensor *mass_above = ggml_sum_rows(ctx, ggml_mul(ctx, plain, above));
+        picks[round] = pick;
+        passes[round] = ggml_step(ctx, ggml_sub(ctx, top_p, mass_above)); /* mass_above < top_p */
+        if (round + 1 < ROW_ROUNDS) weights = ggml_mul(ctx, weights, above);
+    }
+    /* The first round that passed, else the best token: pick = pass * pick + (1 - pass) * later. */
+    struct ggml_tensor *token = best_f;
+    for (int round = ROW_ROUNDS - 1; round >= 0; round--) {
+        struct ggml_tensor *difference = ggml_sub(ctx, picks[round], token);
+        token = ggml_add(ctx, token, ggml_mul(ctx, passes[round], difference));
+    }
+    return ggml_cast(ctx, token, GGML_TYPE_I32);
+}
+
+/* Write the settings input from the callers' per-sequence settings, once a step for
+   each graph. */
+static void gs_backend_set_input(struct llama_sampler *smpl) {
+    Plan *plan = ((Seat *)smpl->ctx)->plan;
+    if (plan->row_inputs == NULL) return;
+    if (plan->written_step == plan->step && plan->written_generation == plan->generation) return;
+    const int64_t rows = plan->row_inputs->ne[1];
+    for (int64_t row = 0; row < rows; row++) {
+        float *own = plan->staging + row * ROW_PARAMS;
+        const int32_t seq_id = row <= plan->sequences ? plan->row_seq[row] : -1;
+        if (seq_id >= 0) {
+            memcpy(own, plan->row_params + (size_t)seq_id * ROW_PARAMS, ROW_PARAMS * sizeof(float));
+            continue;
+        }
+        own[RP_INVERSE_TEMPERATURE] = 1.0f;
+        own[RP_TOP_P] = 2.0f;
+        own[RP_LOG_MIN_P] = -1e30f;
+        for (int round = 0; round < ROW_ROUNDS; round++) own[RP_UNIFORM + round] = 0.5f;
+    }
+    ggml_backend_tensor_set(plan->row_inputs, plan->staging, 0, (size_t)rows * ROW_PARAMS * sizeof(float));
+    plan->written_step = plan->step;
+    plan->written_generation = plan->generation;
 }
 
 static void gs_backend_apply(struct llama_sampler *smpl, struct ggml_context *ctx,
@@ -104,6 +229,24 @@ static void gs_backend_apply(struct llama_sampler *smpl, struct ggml_context *ct
         plan->source = all;
         plan->argmax = NULL;
         plan->top_ids = NULL;
+        plan->row_inputs = NULL;
+        plan->row_tokens = NULL;
+    }
+    if (mode == GS_ROW || probe) {
+        if (plan->row_tokens == NULL) {
+            plan->row_inputs = ggml_new_tensor_2d(ctx, GGML_TYPE_F32, ROW_PARAMS, all->ne[1]);
+            ggml_set_input(plan->row_inputs);
+            plan->row_tokens = build_row_draws(ctx, all, plan->row_inputs);
+        }
+        struct ggml_tensor *token =
+            ggml_view_1d(ctx, plan->row_tokens, 1, index * plan->row_tokens->nb[1]);
+        if (!probe) {
+            if (index <= plan->sequences) plan->row_seq[index] = seat->seq_id;
+            data->sampled = token;
+            data->logits = NULL;
+            return;
+        }
+        data->sampled = token; /* the probe sees every operation of both paths */
     }
     if (mode == GS_GREEDY) {
         if (plan->argmax == NULL) plan->argmax = ggml_argmax(ctx, all);
@@ -131,20 +274,27 @@ static struct llama_sampler_i gs_interface = {
     /* .backend_init      = */ gs_backend_init,
     /* .backend_accept    = */ NULL,
     /* .backend_apply     = */ gs_backend_apply,
-    /* .backend_set_input = */ NULL,
+    /* .backend_set_input = */ gs_backend_set_input,
     /* .backend_reset     = */ gs_backend_reset,
     /* .copy_state        = */ NULL,
 };
+
+void gs_plan_free(Plan *plan);
 
 /* A plan for `sequences` sequence ids, every mode GS_HOST. */
 Plan *gs_plan_new(int32_t sequences) {
     Plan *plan = calloc(1, sizeof(Plan));
     if (plan == NULL) return NULL;
     plan->modes = calloc((size_t)sequences, 1);
-    if (plan->modes == NULL) {
-        free(plan);
+    plan->row_seq = malloc(((size_t)sequences + 1) * sizeof(int32_t));
+    plan->row_params = calloc((size_t)sequences * ROW_PARAMS, sizeof(float));
+    plan->staging = calloc(((size_t)sequences + 1) * ROW_PARAMS, sizeof(float));
+    if (plan->modes == NULL || plan->row_seq == NULL || plan->row_params == NULL ||
+        plan->staging == NULL) {
+        gs_plan_free(plan);
         return NULL;
     }
+    for (int32_t i = 0; i <= sequences; i++) plan->row_seq[i] = -1;
     plan->sequences = sequences;
     plan->top = 1;
     return plan;
@@ -154,10 +304,21 @@ Plan *gs_plan_new(int32_t sequences) {
 void gs_plan_free(Plan *plan) {
     if (plan == NULL) return;
     free(plan->modes);
+    free(plan->row_seq);
+    free(plan->row_params);
+    free(plan->staging);
     free(plan);
 }
 
 uint8_t *gs_plan_modes(Plan *plan) { return plan->modes; }
+
+/* The GS_ROW settings, ROW_PARAMS floats a sequence id (see RP_*). */
+float *gs_plan_row_params(Plan *plan) { return plan->row_params; }
+
+int32_t gs_row_params(void) { return ROW_PARAMS; }
+
+/* Before each decode: the GS_ROW settings written since are this step's. */
+void gs_plan_next_step(Plan *plan) { plan->step++; }
 
 void gs_plan_set_top(Plan *plan, int32_t top) { plan->top = top < 1 ? 1 : top; }
 
@@ -172,4 +333,37 @@ struct llama_sampler *gs_sampler_new(Plan *plan, int32_t seq_id) {
     struct llama_sampler *chain = llama_sampler_chain_init(llama_sampler_chain_default_params());
     llama_sampler_chain_add(chain, own);
     return chain;
+}
+
+/*
+ * The GS_ROW draw of `rows` rows of `vocabulary` logits by `settings` (ROW_PARAMS a
+ * row) into tokens[], computed by ggml on the CPU without a model: the same
+ * operations a step's graph runs, for tests that set the logits themselves. Returns
+ * 0; -1 when out of memory, -2 where ggml's CPU backend is not loaded.
+ */
+int gs_draw_rows_on_cpu(const float *logits, int64_t vocabulary, int64_t rows,
+                        const float *settings, int32_t *tokens, int threads) {
+    typedef enum ggml_status (*Compute)(struct ggml_context *, struct ggml_cgraph *, int);
+    Compute compute = (Compute)dlsym(RTLD_DEFAULT, "ggml_graph_compute_with_ctx");
+    if (compute == NULL) return -2;
+    /* Every operation keeps its own result here: about 40 of the rows' size. */
+    const size_t table = (size_t)vocabulary * (size_t)rows * sizeof(float);
+    struct ggml_init_params init = {
+        /* .mem_size   = */ 48 * table + 1024 * ggml_tensor_overhead() + ggml_graph_overhead(),
+        /* .mem_buffer = */ NULL,
+        /* .no_alloc   = */ false,
+    };
+    struct ggml_context *ctx = ggml_init(init);
+    if (ctx == NULL) return -1;
+    struct ggml_tensor *all = ggml_new_tensor_2d(ctx, GGML_TYPE_F32, vocabulary, rows);
+    struct ggml_tensor *inputs = ggml_new_tensor_2d(ctx, GGML_TYPE_F32, ROW_PARAMS, rows);
+    memcpy(all->data, logits, table);
+    memcpy(inputs->data, settings, (size_t)rows * ROW_PARAMS * sizeof(float));
+    struct ggml_tensor *drawn = build_row_draws(ctx, all, inputs);
+    struct ggml_cgraph *graph = ggml_new_graph(ctx);
+    ggml_build_forward_expand(graph, drawn);
+    const enum ggml_status status = compute(ctx, graph, threads);
+    if (status == GGML_STATUS_SUCCESS) memcpy(tokens, drawn->data, (size_t)rows * sizeof(int32_t));
+    ggml_free(ctx);
+    return status == GGML_STATUS_SUCCESS ? 0 : -1;
 }

@@ -7,7 +7,10 @@ again); before each step the backend writes each sequence's mode in `modes`:
 - HOST: the row's whole logits come back (llama_get_sampled_logits_ith);
 - GREEDY: its argmax alone (llama_get_sampled_token_ith);
 - TOP: its `top` best token ids and logits (llama_get_sampled_candidates_ith and
-  llama_get_sampled_logits_ith), for sampler.c's sample_candidates.
+  llama_get_sampled_logits_ith), for sampler.c's sample_candidates;
+- ROW: the whole draw in the graph, by the settings written in `row_params` (a row
+  of ROW_PARAMS floats per sequence id, see `row_settings`) before `next_step`; its
+  token alone comes back (llama_get_sampled_token_ith).
 
 `available()` is False where the library was not built
 (service.backends.native.build_graph_sampler).
@@ -23,7 +26,12 @@ import llama_cpp
 import numpy as np
 import numpy.typing as npt
 
-HOST, GREEDY, TOP = 0, 1, 2
+HOST, GREEDY, TOP, ROW = 0, 1, 2, 3
+# A ROW row's settings: 1/temperature, top_p, log(min_p), a number per round.
+ROW_ROUNDS = 3
+ROW_PARAMS = 3 + ROW_ROUNDS
+NO_TOP_P = 2.0  # top_p above 1: every token passes
+NO_MIN_P = -1e30  # log(min_p) for none
 _LIBRARY = Path(__file__).resolve().parent / "_graph_sampler.so"
 
 
@@ -43,6 +51,23 @@ def _library() -> ctypes.CDLL | None:
     library.gs_plan_set_top.restype = None
     library.gs_sampler_new.argtypes = (pointer, ctypes.c_int32)
     library.gs_sampler_new.restype = pointer
+    library.gs_plan_row_params.argtypes = (pointer,)
+    library.gs_plan_row_params.restype = ctypes.POINTER(ctypes.c_float)
+    library.gs_plan_next_step.argtypes = (pointer,)
+    library.gs_plan_next_step.restype = None
+    library.gs_row_params.argtypes = ()
+    library.gs_row_params.restype = ctypes.c_int32
+    library.gs_draw_rows_on_cpu.argtypes = (
+        ctypes.POINTER(ctypes.c_float),
+        ctypes.c_int64,
+        ctypes.c_int64,
+        ctypes.POINTER(ctypes.c_float),
+        ctypes.POINTER(ctypes.c_int32),
+        ctypes.c_int,
+    )
+    library.gs_draw_rows_on_cpu.restype = ctypes.c_int
+    if library.gs_row_params() != ROW_PARAMS:
+        return None  # built from another version of graph_sampler.c
     return library
 
 
@@ -63,6 +88,9 @@ class GraphSamplers:
             raise MemoryError("the graph sampler's plan could not be allocated")
         self.modes: npt.NDArray[np.uint8] = np.ctypeslib.as_array(
             library.gs_plan_modes(self._plan), shape=(sequences,)
+        )
+        self.row_params: npt.NDArray[np.float32] = np.ctypeslib.as_array(
+            library.gs_plan_row_params(self._plan), shape=(sequences, ROW_PARAMS)
         )
         self._chains = [library.gs_sampler_new(self._plan, seq_id) for seq_id in range(sequences)]
         if not all(self._chains):
@@ -100,6 +128,10 @@ class GraphSamplers:
         self._retired.append(self._chains[seq_id])
         self._chains[seq_id] = chain
 
+    def next_step(self) -> None:
+        """The modes and ROW settings written since are the next decode's."""
+        self._library.gs_plan_next_step(self._plan)
+
     def set_top(self, top: int) -> None:
         """Candidates per TOP row, for the next step."""
         self.top = max(1, top)
@@ -119,3 +151,34 @@ class GraphSamplers:
 def _sampler(address: int) -> llama_cpp.llama_sampler_p:
     """A sampler's address as llama-cpp-python's bindings take it."""
     return ctypes.cast(address, llama_cpp.llama_sampler_p_ctypes)
+
+
+def draw_rows_on_cpu(
+    logits: npt.NDArray[np.float32], settings: npt.NDArray[np.float32], threads: int = 2
+) -> npt.NDArray[np.int32]:
+    """The ROW draw of each row of `logits` (rows x vocabulary) by `settings` (rows x
+    ROW_PARAMS), computed by ggml on the CPU with the graph's own operations: for
+    tests that choose the logits."""
+    library = _library()
+    if library is None:
+        raise RuntimeError("service/backends/native/graph_sampler.c was not built")
+    logits = np.ascontiguousarray(logits, dtype=np.float32)
+    settings = np.ascontiguousarray(settings, dtype=np.float32)
+    rows, vocabulary = logits.shape
+    if settings.shape != (rows, ROW_PARAMS):
+        raise ValueError(f"settings must be {rows} x {ROW_PARAMS}, not {settings.shape}")
+    tokens = np.empty(rows, dtype=np.int32)
+    floats = ctypes.POINTER(ctypes.c_float)
+    status = library.gs_draw_rows_on_cpu(
+        logits.ctypes.data_as(floats),
+        vocabulary,
+        rows,
+        settings.ctypes.data_as(floats),
+        tokens.ctypes.data_as(ctypes.POINTER(ctypes.c_int32)),
+        threads,
+    )
+    if status == -2:
+        raise RuntimeError("ggml's CPU backend is not loaded (import llama_cpp first)")
+    if status != 0:
+        raise MemoryError("ggml could not hold the rows' draw")
+    return tokens
