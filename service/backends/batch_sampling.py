@@ -315,11 +315,20 @@ def _draw(values: Doubles, kept: Ints, rows: Sequence[Row]) -> Ints:
 def uniform(rows: Sequence[Row]) -> Doubles:
     """One number in [0, 1) per row: SplitMix64 of (seed, draw index), so a
     request's draws depend on nothing but its seed and how far it has got."""
-    keys = np.array(
+    return unit_interval(splitmix64(draw_keys(rows)))
+
+
+def draw_keys(rows: Sequence[Row]) -> npt.NDArray[np.uint64]:
+    """Each row's draw as one 64-bit key: its seed's low 32 bits, then its draw index's."""
+    return np.array(
         [((row.params.seed & 0xFFFFFFFF) << 32) | (row.draw & 0xFFFFFFFF) for row in rows],
         dtype=np.uint64,
     )
-    return (splitmix64(keys) >> np.uint64(11)).astype(np.float64) * 2.0**-53
+
+
+def unit_interval(bits: npt.NDArray[np.uint64]) -> Doubles:
+    """Random 64-bit words as numbers in [0, 1), from their top 53 bits."""
+    return (bits >> np.uint64(11)).astype(np.float64) * 2.0**-53
 
 
 def splitmix64(keys: npt.NDArray[np.uint64]) -> npt.NDArray[np.uint64]:

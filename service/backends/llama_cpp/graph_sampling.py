@@ -42,11 +42,12 @@ import numpy.typing as npt
 
 from service.backends.batch_sampling import (
     Row,
+    draw_keys,
     drawn_from_whole_rows,
     row_candidates,
     sample_from_candidates,
     splitmix64,
-    uniform,
+    unit_interval,
 )
 from service.backends.native import graph_sampler
 from service.backends.native.graph_sampler import (
@@ -196,15 +197,10 @@ def row_settings(rows: Sequence[Row]) -> npt.NDArray[np.float32]:
         settings[index, 0] = 1.0 / params.temperature
         settings[index, 1] = params.top_p if params.top_p < 1 else NO_TOP_P
         settings[index, 2] = math.log(params.min_p) if params.min_p > 0 else NO_MIN_P
-    settings[:, 3] = uniform(rows)
-    keys = np.array(
-        [((row.params.seed & 0xFFFFFFFF) << 32) | (row.draw & 0xFFFFFFFF) for row in rows],
-        dtype=np.uint64,
-    )
-    chained = splitmix64(keys)
+    chained = splitmix64(draw_keys(rows))
+    settings[:, 3] = unit_interval(chained)  # what uniform(rows) gives the host's draw
     for round_ in range(1, ROW_ROUNDS):
-        later = splitmix64(chained + np.uint64(round_))
-        settings[:, 3 + round_] = (later >> np.uint64(11)).astype(np.float64) * 2.0**-53
+        settings[:, 3 + round_] = unit_interval(splitmix64(chained + np.uint64(round_)))
     # float32's nearest to a number under 1 may be 1: keep the numbers below it.
     settings[:, 3:] = np.minimum(settings[:, 3:], np.nextafter(np.float32(1), np.float32(0)))
     return settings.astype(np.float32)
