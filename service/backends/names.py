@@ -53,11 +53,10 @@ def sample_in_graph_on(setting: SampleInGraph, on_gpu: bool) -> bool:
 
 
 def top_candidates_in_graph(setting: SampleInGraph) -> bool:
-    """Whether sampled rows (not only greedy ones) take their candidates from the graph:
-    only when asked for. On an H200 the graph's top-k over a 128k vocabulary made
-    sampled decoding 8-28% slower than the host's draw at 1 to 128 streams, while the
-    graph's argmax made greedy decoding 11-27% faster (docs/gpu.md), so "auto" keeps
-    only greedy rows in the graph."""
+    """Whether sampled rows with a top-k take their candidates from the graph (rows
+    without one are drawn whole there whenever the graph samples): only when asked
+    for. On an H200 the graph's top-k over a 128k vocabulary made sampled decoding
+    8-28% slower than the host's draw at 1 to 128 streams (docs/gpu.md)."""
     return setting == "on"
 
 
