@@ -57,8 +57,8 @@ def _request(prompt: str, model: str = SMOLLM, **fields: object) -> pb.GenerateR
 def deadlines(tiny_model: Path) -> Iterator[tuple[RunningServer, pb_grpc.InferenceStub]]:
     settings = make_settings(
         context_size=4096,
-        # A cancel takes effect between steps: a step of at most 128 prompt tokens
-        # ends well within the second the sweep allows, on a busy machine too.
+        # A cancel takes effect between steps, or mid-step once nobody in the step
+        # is still wanted; 128 prompt tokens a step keep the others' steps short.
         batch_size=128,
         parallel_sequences=SLOTS,
         max_concurrent=2 * SLOTS,  # twice the batch: some wait in the engine's queue

@@ -18,6 +18,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from service.decode.sink import Cancellation
 from service.embeddings.requests import Embedded, EmbedInput, Vector
 from service.engine.embedding_queue import EmbedJob, EmbedQueue, next_batch, tokenized
 from service.engine.liveness import Liveness, Pulse
@@ -66,7 +67,7 @@ class Backend:
 
 class Sink:
     def __init__(self) -> None:
-        self.cancelled = threading.Event()
+        self.cancelled = Cancellation()
         self.sent: list[Embedded] = []
         self.ended: BaseException | bool | None = False
 

@@ -24,6 +24,7 @@ import pytest
 from inference.v1 import inference_pb2 as pb
 from inference.v1 import inference_pb2_grpc as pb_grpc
 from service.backends.diffusers_pipeline import DiffusersBackend
+from service.decode.sink import Cancellation
 from service.engine.core import EngineCore
 from service.engine.loading import load_backend
 from service.engine.model_options import ModelOptions
@@ -166,7 +167,7 @@ class Recorded:
     """An image's results, kept (the engine's sink to the front, without the front)."""
 
     def __init__(self) -> None:
-        self.cancelled = threading.Event()
+        self.cancelled = Cancellation()
         self.items: list[ImageStep | RenderedImage] = []
         self.error: BaseException | None = None
         self.ended = threading.Event()

@@ -17,6 +17,7 @@ from service.backends.llama_cpp.backend import LlamaCppBackend, LlamaCppOptions,
 from service.backends.llama_cpp.log import captured_native_log
 from service.decode.scheduler import DecodeScheduler
 from service.decode.sequence import DecodeEvent, DecodePlan
+from service.decode.sink import Cancellation
 from service.errors import InvalidRequest
 from service.models.embedded import EMBEDDED_MODELS
 from service.text.requests import Delta, Finished, FinishReason, Grammar, SamplingParams
@@ -323,7 +324,7 @@ def _schedule(backend: LlamaCppBackend, prompts: list[str]) -> list[_TextSink]:
 
 class _TextSink:
     def __init__(self) -> None:
-        self.cancelled = threading.Event()
+        self.cancelled = Cancellation()
         self.ids: list[int] = []
         self.finished: Finished | None = None
         self.threads: set[str] = set()
@@ -494,3 +495,39 @@ def test_a_stream_handed_out_beside_the_forward_pass_fills_the_window_to_its_las
     assert sink.error is None
     assert sink.finished is not None
     assert sink.finished.usage.completion_tokens == request.max_tokens
+
+
+def _chunked_backend() -> LlamaCppBackend:
+    """SmolLM2 reading prompts 64 tokens a step."""
+    path = EMBEDDED_MODELS[SMOLLM].locate()
+    options = LlamaCppOptions(context_size=512, threads=1, max_sequences=1, batch_size=64)
+    return LlamaCppBackend(path, options)
+
+
+def test_an_interrupted_step_evaluates_nothing_and_the_sequence_goes_on_as_before() -> None:
+    interrupted, plain = _chunked_backend(), _chunked_backend()
+    try:
+        text = "A lighthouse keeper wrote down the weather every morning. " * 16
+        prompt = tuple(interrupted.tokenize(text, add_bos=interrupted.adds_bos))
+        assert len(prompt) > 2 * 64
+        sequence = interrupted.start(SequenceRequest(prompt, GREEDY, 6))
+        assert isinstance(sequence, LlamaSequence)
+        assert interrupted.step([sequence], lambda: None) == [None]  # the first 64
+        memory = llama_cpp.llama_get_memory(interrupted._context.ctx)
+        interrupted.interrupt_step(True)
+        assert interrupted.step([sequence], lambda: None) == [None]
+        # The cache holds the first step's cells, none of the interrupted one's.
+        assert llama_cpp.llama_memory_seq_pos_max(memory, sequence.slot.seq_id) == 63
+        assert len(sequence.slot.tokens) == 64
+        interrupted.interrupt_step(False)
+        produced: list[int] = []
+        while len(produced) < 6:
+            sampled = interrupted.step([sequence], lambda: None)[0]
+            if sampled is not None:
+                produced.append(sampled.token)
+        interrupted.finish(sequence)
+        expected, _ = generate_ids(plain, prompt, 6)
+    finally:
+        interrupted.close()
+        plain.close()
+    assert produced == expected

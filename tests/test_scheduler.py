@@ -6,7 +6,8 @@ keeps each sequence's pending tokens, asks the real step planner
 Its "model" answers token 1 forever, so a request runs until its max_tokens.
 The tests check the scheduler and the planner together: a step never holds more
 than the budget, streams keep advancing while a long prompt goes in by chunks,
-a long prompt is not starved, and a request cancelled mid-prompt frees its place.
+a long prompt is not starved, a request cancelled mid-prompt frees its place, and
+a step whose every request is cancelled while it computes is interrupted.
 Each runs twice: as on a CPU, and as on a GPU, where the backend runs the
 scheduler's work between steps on another thread during its forward pass, and
 no sequence may be released while that pass computes.
@@ -24,6 +25,7 @@ from service.backends.base import ActiveSequence, Sampled, SequenceRequest
 from service.backends.step_plan import Seat, plan_step
 from service.decode.scheduler import DecodeScheduler
 from service.decode.sequence import DecodeEvent, DecodePlan
+from service.decode.sink import Cancellation
 from service.text.plain_content import ControlTexts
 from service.text.requests import Delta, Finished, SamplingDefaults, SamplingParams
 
@@ -51,6 +53,10 @@ class StepBackend:
     computing: bool = False
     released_while_computing: int = 0
     computes_off_cpu: bool = False
+    # Runs once, in the next step's "forward pass" (cancels that come meanwhile).
+    mid_pass: Callable[[], None] | None = None
+    interrupted: bool = False  # what the scheduler asks now (interrupt_step)
+    interrupted_steps: int = 0
     name: str = "fake"
     context_length: int = 100_000
     adds_bos: bool = False
@@ -70,6 +76,12 @@ class StepBackend:
         own = [s for s in sequences if isinstance(s, FakeSequence)]
         takes = plan_step([Seat(s.pending, s.decoding) for s in own], CAPACITY, CHUNK)
         self._compute_beside(before_compute)
+        mid_pass, self.mid_pass = self.mid_pass, None
+        if mid_pass is not None:
+            mid_pass()
+        if self.interrupted:  # as llama.cpp's: nothing evaluated, nothing sampled
+            self.interrupted_steps += 1
+            return [None] * len(own)
         self.steps.append({s.name: take for s, take in zip(own, takes, strict=True) if take})
         sampled: list[Sampled | None] = []
         for sequence, take in zip(own, takes, strict=True):
@@ -95,6 +107,9 @@ class StepBackend:
         self.released_while_computing += self.computing
         self.running.remove(sequence)
         self.finished.append(sequence.name)
+
+    def interrupt_step(self, interrupted: bool) -> None:
+        self.interrupted = interrupted
 
     def is_end_of_generation(self, token_id: int) -> bool:
         return False
@@ -126,7 +141,7 @@ class Sink:
     """Collects one request's events, as the engine's frame sink would."""
 
     def __init__(self) -> None:
-        self.cancelled = threading.Event()
+        self.cancelled = Cancellation()
         self.events: list[DecodeEvent] = []
         self.closed: BaseException | bool | None = False
 
@@ -234,6 +249,51 @@ def test_cancelling_mid_prompt_frees_the_place_for_the_next_request(overlap: boo
     assert harness.backend.running == []
 
 
+def test_a_step_whose_every_request_is_cancelled_mid_pass_is_interrupted(overlap: bool) -> None:
+    harness = Harness(max_sequences=2, overlap=overlap)
+    cancelled = [harness.submit(f"long{i}", prompt=50 * CHUNK, answer=5) for i in range(2)]
+    waiting = harness.submit("next", prompt=10, answer=3)
+    harness.run(3)
+
+    def cancel_both() -> None:
+        for sink in cancelled:
+            sink.cancelled.set()
+
+    harness.backend.mid_pass = cancel_both
+    harness.run(30)
+    assert harness.backend.interrupted_steps == 1
+    assert sorted(harness.backend.finished[:2]) == ["long0", "long1"]  # released
+    # The request that waited for their places ran whole: the flag was cleared.
+    assert waiting.finished
+    assert waiting.tokens == 3
+    assert not harness.backend.interrupted
+
+
+def test_a_step_goes_on_while_one_of_its_requests_is_still_wanted(overlap: bool) -> None:
+    harness = Harness(max_sequences=2, overlap=overlap)
+    leaving = harness.submit("leaving", prompt=50 * CHUNK, answer=5)
+    staying = harness.submit("staying", prompt=4 * CHUNK, answer=5)
+    harness.run(2)
+    harness.backend.mid_pass = leaving.cancelled.set
+    harness.run(50)
+    assert harness.backend.interrupted_steps == 0
+    assert staying.finished
+    assert staying.tokens == 5
+    assert "leaving" in harness.backend.finished
+
+
+def test_a_cancel_heard_once_a_step_ended_does_not_interrupt_the_next(overlap: bool) -> None:
+    harness = Harness(max_sequences=2, overlap=overlap)
+    first = harness.submit("first", prompt=4, answer=50)
+    harness.run(2)
+    first.cancelled.set()  # between steps: the next step drops it before it computes
+    second = harness.submit("second", prompt=4, answer=3)
+    harness.run(20)
+    assert harness.backend.interrupted_steps == 0
+    assert second.finished
+    assert second.tokens == 3
+
+
 def test_every_token_arrives_once_and_in_order_with_the_work_beside_the_step(
     overlap: bool,
 ) -> None:
@@ -290,3 +350,16 @@ def test_a_request_whose_events_cannot_be_sent_fails_alone(
         assert sink.closed is True
         assert sink.tokens == 30
     assert harness.backend.running == []
+
+
+def test_a_cancellation_tells_each_listener_once_on_the_thread_that_sets_it() -> None:
+    cancellation = Cancellation()
+    heard: list[str] = []
+    cancellation.when_set(lambda: heard.append(threading.current_thread().name))
+    setter = threading.Thread(target=cancellation.set, name="setter")
+    setter.start()
+    setter.join()
+    cancellation.set()  # again: nobody is told twice
+    cancellation.when_set(lambda: heard.append("late"))  # already set: told at once
+    assert heard == ["setter", "late"]
+    assert cancellation.is_set()

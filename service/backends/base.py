@@ -181,6 +181,14 @@ class SequenceStepper(Protocol):
         """Release the sequence; what it evaluated may stay cached for the next one."""
         ...
 
+    def interrupt_step(self, interrupted: bool) -> None:
+        """Ask the step in progress to stop as soon as it can (True), or stop asking
+        (False); called from any thread. A step that stops early returns None for every
+        sequence it did not sample, and the sequences it held can only be finished: the
+        scheduler asks only when every request in the step was cancelled. A backend that
+        cannot stop mid-step (a GPU's forward pass, a stream) ignores it."""
+        ...
+
 
 @runtime_checkable
 class BatchingBackend(TextBackend, SequenceStepper, Protocol):

@@ -18,6 +18,10 @@ the GPU no idle time. The price: a request that a stop sequence (or its wall-clo
 ceiling) ends has been put in that next step already, so the model evaluates one
 token it did not need to; its sequence is released once that step is done.
 
+A cancel that leaves no request of the step in progress wanted interrupts it
+(`SequenceStepper.interrupt_step`): llama.cpp on the CPU stops between two nodes
+of its graph, rather than finishing a prompt chunk nobody waits for.
+
 Requests beyond the waiting bound are refused at once with RESOURCE_EXHAUSTED.
 
 Failures are told apart by where they happen (see `service.backends.failure`):
@@ -33,6 +37,7 @@ Failures are told apart by where they happen (see `service.backends.failure`):
 
 from __future__ import annotations
 
+import threading
 from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -118,6 +123,10 @@ class DecodeScheduler:
         self._beside_forward = False
         self._unreleased: list[_Request] = []
         self._error_beside: Exception | None = None
+        # The requests of the step in progress, read by the threads that cancel them:
+        # a step whose every request was cancelled is interrupted (`_heard_cancel`).
+        self._in_flight: tuple[_Request, ...] = ()
+        self._in_flight_lock = threading.Lock()
 
     @property
     def max_sequences(self) -> int:
@@ -248,6 +257,7 @@ class DecodeScheduler:
             self._waiting.popleft()
             request.sequence = sequence
             self._active.append(request)
+            request.channel.cancelled.when_set(self._heard_cancel)
             try:
                 request.decoder = SequenceDecoder(
                     self._backend, request.plan, request.received_at, sequence.cached_prompt_tokens
@@ -271,12 +281,15 @@ class DecodeScheduler:
 
     def _advance(self) -> None:
         active = list(self._active)
+        self._set_in_flight(active)
         try:
             tokens = self._stepper.step([_sequence(r) for r in active], self._between_steps)
         except Exception as exc:  # the library's: the model's state is unknown now
             self._unreleased.clear()
             self._fail_model(exc)
             return
+        finally:
+            self._set_in_flight([])
         self._release_retired()
         if self._error_beside is not None:
             error, self._error_beside = self._error_beside, None
@@ -288,6 +301,25 @@ class DecodeScheduler:
         ]
         if not self._stepper.computes_off_cpu:  # nothing to overlap with: hand them out now
             self._deliver_undelivered()
+
+    def _set_in_flight(self, requests: list[_Request]) -> None:
+        """Begin (with its requests) or end (with none) a step; a step begun is checked
+        at once, for cancels heard since the cancelled were dropped."""
+        with self._in_flight_lock:
+            self._in_flight = tuple(requests)
+            self._stepper.interrupt_step(False)
+        if requests:
+            self._heard_cancel()
+
+    def _heard_cancel(self) -> None:
+        """A request was cancelled (on the thread that cancelled it): once no request in
+        the step in progress is still wanted, the step stops mid-pass where the backend
+        can. A prompt's chunk takes seconds on a busy CPU, and every cancel waited for
+        it: the freed place, the waiting requests, the next cancel."""
+        with self._in_flight_lock:
+            requests = self._in_flight
+            if requests and all(r.channel.cancelled.is_set() for r in requests):
+                self._stepper.interrupt_step(True)
 
     def _between_steps(self) -> None:
         """Hand out the last step's tokens and send the events, while (on a GPU)
@@ -460,6 +492,9 @@ class OneAtATime:
     def finish(self, sequence: ActiveSequence) -> None:
         self._streaming(sequence).stream.tokens.close()
         self._busy = False
+
+    def interrupt_step(self, interrupted: bool) -> None:
+        """A stream's token comes whole: nothing to stop."""
 
     def _next_token(self, sequence: ActiveSequence) -> int:
         token = next(self._streaming(sequence).stream.tokens, None)

@@ -8,9 +8,36 @@ front (service.engine.serve) another, and image generation uses the same shape.
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable
 from typing import Protocol, TypeVar
 
 T_contra = TypeVar("T_contra", contravariant=True)
+
+
+class Cancellation(threading.Event):
+    """The event a request's consumer sets when it stops listening, which the
+    producer can also be told of at once: `when_set` listeners run on the thread
+    that sets it (the scheduler stops a step nobody waits for, mid-pass)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._listeners: list[Callable[[], None]] = []
+        self._listeners_lock = threading.Lock()
+
+    def set(self) -> None:
+        with self._listeners_lock:
+            super().set()
+            listeners, self._listeners = self._listeners, []
+        for listener in listeners:
+            listener()
+
+    def when_set(self, listener: Callable[[], None]) -> None:
+        """Call `listener` once this is set: now, if it is already."""
+        with self._listeners_lock:
+            if not self.is_set():
+                self._listeners.append(listener)
+                return
+        listener()
 
 
 class EventSink(Protocol[T_contra]):
@@ -22,7 +49,7 @@ class EventSink(Protocol[T_contra]):
     """
 
     @property
-    def cancelled(self) -> threading.Event: ...
+    def cancelled(self) -> Cancellation: ...
 
     def send(self, item: T_contra) -> None: ...
 

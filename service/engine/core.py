@@ -32,7 +32,7 @@ from service.backends.failure import RELOADING, library_failure
 from service.backends.names import DIFFUSERS
 from service.decode.scheduler import DecodeScheduler, nothing_to_publish
 from service.decode.sequence import DecodeEvent, DecodePlan, fit_max_tokens
-from service.decode.sink import EventSink
+from service.decode.sink import Cancellation, EventSink
 from service.embeddings.backend import EmbeddingBackend
 from service.embeddings.requests import EmbedRequest
 from service.engine.base import EngineInfo
@@ -466,7 +466,7 @@ class _Responses:
         self._text: list[str] = []
 
     @property
-    def cancelled(self) -> threading.Event:
+    def cancelled(self) -> Cancellation:
         return self._sink.cancelled
 
     def send(self, event: DecodeEvent) -> None:

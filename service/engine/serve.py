@@ -28,6 +28,7 @@ from google.protobuf.message import Message
 
 from inference.engine.v1 import engine_pb2 as epb
 from inference.v1 import inference_pb2 as pb
+from service.decode.sink import Cancellation
 from service.embeddings.requests import Embedded
 from service.engine import wire
 from service.engine.core import EngineCore
@@ -118,10 +119,10 @@ class RemoteSink:
         self.request_id = request_id
         self._outgoing = outgoing
         self._forget = forget
-        self._cancelled = threading.Event()
+        self._cancelled = Cancellation()
 
     @property
-    def cancelled(self) -> threading.Event:
+    def cancelled(self) -> Cancellation:
         return self._cancelled
 
     def send(

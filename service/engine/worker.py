@@ -21,6 +21,7 @@ from typing import Any, Generic, TypeVar
 
 import structlog
 
+from service.decode.sink import Cancellation
 from service.errors import Unavailable
 
 T = TypeVar("T")
@@ -99,10 +100,10 @@ class Channel(Generic[T]):
         self._loop = loop
         self._relay = _relay_for(loop) if relayed else None
         self.queue: asyncio.Queue[tuple[object, BaseException | None]] = asyncio.Queue()
-        self._cancelled = threading.Event()
+        self._cancelled = Cancellation()
 
     @property
-    def cancelled(self) -> threading.Event:
+    def cancelled(self) -> Cancellation:
         return self._cancelled
 
     def send(self, item: T) -> None:

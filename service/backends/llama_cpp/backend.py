@@ -37,7 +37,7 @@ from service.backends.batch_sampling import PENALTY_WINDOW, Row
 from service.backends.failure import load_refused
 from service.backends.llama_cpp import graph_sampling
 from service.backends.llama_cpp import log as llama_log  # also routes llama.cpp's log, on import
-from service.backends.llama_cpp.batch import Batch, Chunk
+from service.backends.llama_cpp.batch import Batch, Chunk, StepInterrupted
 from service.backends.llama_cpp.graph_sampling import GraphSampling, PlannedRow, RowPath
 from service.backends.llama_cpp.kv_slots import Placement, Slot, SlotTable
 from service.backends.llama_cpp.logprobs import token_logprob
@@ -53,6 +53,7 @@ from service.backends.names import (
     sample_in_graph_on,
     top_candidates_in_graph,
 )
+from service.backends.native.interrupt import StepInterrupt
 from service.backends.row_threads import RowThreads
 from service.backends.step_plan import Seat, plan_step
 from service.errors import BackendFailure
@@ -226,6 +227,9 @@ class LlamaCppBackend:
         self._graph = _graph_sampling(options, off_cpu)
         self._context = _new_context(self._model, options, size, batch_size, self._graph)
         self._memory = llama_cpp.llama_get_memory(self._context.ctx)
+        # Stops a step on the CPU mid-pass when the scheduler no longer wants it.
+        self._interrupt = StepInterrupt()
+        self._interrupt.install(self._context.ctx)
         self._vocab = self._model.vocab
         self._n_vocab = self._model.n_vocab()
         self._control_texts: ControlTexts | None = None
@@ -401,7 +405,11 @@ class LlamaCppBackend:
                 row_draws,
             )
         started = time.perf_counter()
-        outputs = self._decode_beside(before_compute)
+        try:
+            outputs = self._decode_beside(before_compute)
+        except StepInterrupted:
+            self._undo_interrupted(chunks)
+            return [sampled.get(sequence) for sequence in own]
         decoded = time.perf_counter()
         ready: list[tuple[LlamaSequence, int]] = []
         for (sequence, chunk), output in zip(chunks, outputs, strict=True):
@@ -425,6 +433,17 @@ class LlamaCppBackend:
         # window's end.
         sampled |= self._collect_own_draws([s for s in own if s not in sampled])
         return [sampled.get(sequence) for sequence in own]
+
+    def interrupt_step(self, interrupted: bool) -> None:
+        self._interrupt.set(interrupted)
+
+    def _undo_interrupted(self, chunks: list[tuple[LlamaSequence, Chunk]]) -> None:
+        """Drop what an interrupted step left in the cache (the micro-batches before the
+        one it stopped in), so each slot's cells are again its tokens; a state that
+        cannot drop part of a sequence (a recurrent one) is dropped whole."""
+        for sequence, chunk in chunks:
+            if not llama_cpp.llama_memory_seq_rm(self._memory, chunk.seq_id, chunk.start, -1):
+                self._forget(sequence.slot)
 
     def _decode_beside(self, work: Callable[[], None]) -> list[int]:
         """The forward pass, with `work` done meanwhile: on another thread while a

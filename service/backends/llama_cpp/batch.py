@@ -7,6 +7,8 @@ from dataclasses import dataclass
 
 import llama_cpp
 
+from service.backends.llama_cpp.log import expected_native_warnings
+
 
 @dataclass(frozen=True)
 class Chunk:
@@ -16,6 +18,23 @@ class Chunk:
     start: int  # the position of the first token in its sequence
     tokens: Sequence[int]
     wants_logits: bool  # whether the last token's output is sampled
+
+
+class StepInterrupted(Exception):
+    """llama_decode stopped at the interrupt flag (service.backends.native.interrupt):
+    the micro-batch it was in left nothing in the cache, those before it did."""
+
+
+# llama_decode's status when the abort callback stopped it.
+ABORTED = 2
+# What llama.cpp logs, as errors, of an interrupted step (ggml's status 1 is
+# GGML_STATUS_ABORTED): the scheduler asked for it, and the operator need not hear.
+INTERRUPTED_LINES = (
+    "failed with error 1",
+    "compute status: 1",
+    "failed to decode, ret = 2",
+    "removing memory module entries",
+)
 
 
 class Batch:
@@ -47,7 +66,10 @@ class Batch:
 
     def decode(self, context: llama_cpp.llama_context_p) -> list[int]:
         """Evaluate what `fill` put in; per chunk, its output index (or -1)."""
-        status = llama_cpp.llama_decode(context, self._live())
+        with expected_native_warnings(*INTERRUPTED_LINES):
+            status = llama_cpp.llama_decode(context, self._live())
+        if status == ABORTED:
+            raise StepInterrupted
         if status != 0:
             # 1: no room in the KV cache; <0: an error inside llama.cpp. Either way the
             # cache state of this batch is unknown.
