@@ -378,3 +378,33 @@ def test_whole_rows_drawn_in_the_graph_during_decoding_repeat_with_their_seeds()
     assert [run[0][0] for run in runs[1]] == tokens
     assert all(all(run[1][0]) for run in runs[0])  # drawn in the graph
     assert len({tuple(row) for row in tokens}) == 3  # three seeds, three texts
+
+
+def _clustered(rng: np.random.Generator, vocabulary: int) -> npt.NDArray[np.float32]:
+    """A row whose best logits crowd into three chunks of 64, the rest spread."""
+    row = rng.standard_normal(vocabulary).astype(np.float32)
+    for chunk in rng.choice(vocabulary // 64, size=3, replace=False):
+        row[chunk * 64 : chunk * 64 + 64] += 8 + rng.random(64).astype(np.float32)
+    return row
+
+
+@pytest.mark.parametrize(
+    "vocabulary",
+    [
+        64 * 2004,  # Llama 3's 128,256: over a thousand chunk maxima, sorted in blocks
+        49_152,  # SmolLM2's: 768 chunks, one sort
+        50_257,  # GPT-2's, not whole chunks: widened by one chunk's filler
+        1_000,  # fewer chunks than candidates: sorted whole
+    ],
+)
+def test_the_graphs_candidates_are_each_rows_best_logits(vocabulary: int) -> None:
+    rng = np.random.default_rng(vocabulary)
+    top = graph_sampling.GRAPH_TOP
+    spread = rng.standard_normal((3, vocabulary)).astype(np.float32) * 4
+    logits = np.vstack([spread, _clustered(rng, vocabulary)[None, :]])
+    ids, values = graph_sampler.top_on_cpu(logits, top, threads=1)
+    expected = np.sort(logits, axis=1)[:, ::-1][:, :top]
+    np.testing.assert_array_equal(values, expected)  # largest first
+    np.testing.assert_array_equal(np.take_along_axis(logits, ids.astype(np.int64), axis=1), values)
+    for row in range(len(logits)):
+        assert len(set(ids[row].tolist())) == top

@@ -16,8 +16,9 @@
  *   GS_HOST    nothing here: llama.cpp copies the row's logits, as without us
  *              (a grammar, top logprobs, settings the host draws from the whole row);
  *   GS_GREEDY  the row's argmax, from one argmax over every row of the step;
- *   GS_TOP     the row's `top` largest logits and their token ids, from one top-k
- *              over every row, for the host to finish the draw on (penalties,
+ *   GS_TOP     the row's `top` largest logits and their token ids, found for every
+ *              row at once without sorting the vocabulary (build_top_candidates),
+ *              for the host to finish the draw on (penalties,
  *              top-k, top-p, min-p, temperature and the seeded draw: sampler.c's
  *              sample_candidates, the same numbers as from the whole row);
  *   GS_ROW     the whole draw, for a row without top-k or penalties: only its token
@@ -58,6 +59,7 @@ typedef struct {
     struct ggml_tensor *source;
     struct ggml_tensor *argmax;
     struct ggml_tensor *top_ids;
+    struct ggml_tensor *top_values;
     /* GS_ROW: the graph's settings input (ROW_PARAMS x rows), its tokens (one a row),
        and which sequence id each row of the graph is (-1: none drawn there). */
     struct ggml_tensor *row_inputs;
@@ -99,6 +101,7 @@ static void gs_backend_reset(struct llama_sampler *smpl) {
     plan->source = NULL;
     plan->argmax = NULL;
     plan->top_ids = NULL;
+    plan->top_values = NULL;
     plan->row_inputs = NULL;
     plan->row_tokens = NULL;
     plan->generation++;
@@ -181,6 +184,104 @@ static struct ggml_tensor *build_row_draws(struct ggml_context *ctx, struct ggml
     return ggml_cast(ctx, token, GGML_TYPE_I32);
 }
 
+/* Columns one sort takes in a single CUDA block (ggml's bitonic argsort, in shared
+   memory). Wider rows go to a segmented radix sort, and ggml_top_k may run one
+   selection per row: over a 128k vocabulary either costs milliseconds a step. */
+enum { SORT_BLOCK = 1024 };
+/* Logits per chunk whose maximum the first pass of build_top_candidates takes. */
+enum { MAX_CHUNK = 64 };
+
+/* `x` (n x rows) widened to `width` columns of `fill` (width - n < n). */
+static struct ggml_tensor *widened(struct ggml_context *ctx, struct ggml_tensor *x, int64_t width,
+                                   float fill) {
+    const int64_t n = x->ne[0];
+    if (width == n) return x;
+    struct ggml_tensor *part = ggml_cont(ctx, ggml_view_2d(ctx, x, width - n, x->ne[1], x->nb[1], 0));
+    return ggml_concat(ctx, x, ggml_scale_bias(ctx, part, 0.0f, fill), 0);
+}
+
+/* The values of `x` (n x rows, contiguous) at `places` (j x rows, I32), as (j x rows). */
+static struct ggml_tensor *gathered(struct ggml_context *ctx, struct ggml_tensor *x,
+                                    struct ggml_tensor *places) {
+    struct ggml_tensor *cells = ggml_reshape_3d(ctx, x, 1, x->ne[0], x->ne[1]);
+    return ggml_reshape_2d(ctx, ggml_get_rows(ctx, cells, places), places->ne[0], x->ne[1]);
+}
+
+/* The first k columns of `order` (n x rows, I32), contiguous. */
+static struct ggml_tensor *leading(struct ggml_context *ctx, struct ggml_tensor *order, int64_t k) {
+    return ggml_cont(ctx, ggml_view_2d(ctx, order, k, order->ne[1], order->nb[1], 0));
+}
+
+/*
+ * The k largest `values` of each row (n x rows, contiguous) and their `ids` (F32, in
+ * the same places), largest first, as (k x rows) each, by sorts of at most SORT_BLOCK
+ * columns: each round sorts blocks of SORT_BLOCK and keeps each block's k best
+ * (the row's k best are among them), until one block is left. k < SORT_BLOCK / 2.
+ */
+static void best_of(struct ggml_context *ctx, struct ggml_tensor *values, struct ggml_tensor *ids,
+                    int64_t k, struct ggml_tensor **best_values, struct ggml_tensor **best_ids) {
+    const int64_t rows = values->ne[1];
+    while (values->ne[0] > SORT_BLOCK) {
+        const int64_t blocks = (values->ne[0] + SORT_BLOCK - 1) / SORT_BLOCK;
+        const int64_t width = blocks * SORT_BLOCK;
+        values = widened(ctx, values, width, -1e30f);
+        ids = widened(ctx, ids, width, 0.0f);
+        struct ggml_tensor *order = ggml_argsort(
+            ctx, ggml_reshape_2d(ctx, values, SORT_BLOCK, blocks * rows), GGML_SORT_ORDER_DESC);
+        /* Each block's best, as places in the row: the place in the block plus its start. */
+        struct ggml_tensor *in_block = ggml_cast(ctx, leading(ctx, order, k), GGML_TYPE_F32);
+        struct ggml_tensor *starts =
+            ggml_reshape_3d(ctx, ggml_arange(ctx, 0.0f, (float)width, (float)SORT_BLOCK), 1, blocks, 1);
+        struct ggml_tensor *places =
+            ggml_add(ctx, ggml_reshape_3d(ctx, in_block, k, blocks, rows), starts);
+        places = ggml_cast(ctx, ggml_reshape_2d(ctx, places, k * blocks, rows), GGML_TYPE_I32);
+        values = gathered(ctx, values, places);
+        ids = gathered(ctx, ids, places);
+    }
+    struct ggml_tensor *top = leading(ctx, ggml_argsort(ctx, values, GGML_SORT_ORDER_DESC), k);
+    *best_values = gathered(ctx, values, top);
+    *best_ids = gathered(ctx, ids, top);
+}
+
+/*
+ * The `k` largest logits of every row of `all` (vocabulary x rows) and their token
+ * ids (I32), largest first, as (k x rows) each, without sorting the vocabulary.
+ *
+ * One pass takes the maximum of each chunk of MAX_CHUNK logits. The row's k best
+ * logits all lie in the k chunks with the largest maxima: a logit in any other chunk
+ * is below those k maxima, k logits of the row. So only those chunks' k * MAX_CHUNK
+ * logits are sorted for the answer (best_of, as are the chunk maxima to find them).
+ * A vocabulary that is not a whole number of chunks is widened by a chunk's filler;
+ * one of fewer than k chunks is sorted whole.
+ */
+static struct ggml_tensor *build_top_candidates(struct ggml_context *ctx, struct ggml_tensor *all,
+                                                int64_t k, struct ggml_tensor **values) {
+    const int64_t rows = all->ne[1], chunks = (all->ne[0] + MAX_CHUNK - 1) / MAX_CHUNK;
+    struct ggml_tensor *ids;
+    if (chunks < k) {
+        struct ggml_tensor *tokens = ggml_repeat(ctx, ggml_arange(ctx, 0.0f, (float)all->ne[0], 1.0f), all);
+        best_of(ctx, all, tokens, k, values, &ids);
+        return ggml_cast(ctx, ids, GGML_TYPE_I32);
+    }
+    all = widened(ctx, all, chunks * MAX_CHUNK, -1e30f);
+    struct ggml_tensor *maxima = ggml_pool_1d(ctx, all, GGML_OP_POOL_MAX, MAX_CHUNK, MAX_CHUNK, 0);
+    struct ggml_tensor *chunk_ids = ggml_repeat(ctx, ggml_arange(ctx, 0.0f, (float)chunks, 1.0f), maxima);
+    struct ggml_tensor *best_maxima, *best_chunks;
+    best_of(ctx, maxima, chunk_ids, k, &best_maxima, &best_chunks);
+    /* Those chunks' logits (MAX_CHUNK x k x rows) and their token ids. */
+    struct ggml_tensor *logits =
+        ggml_get_rows(ctx, ggml_reshape_3d(ctx, all, MAX_CHUNK, chunks, rows),
+                      ggml_cast(ctx, best_chunks, GGML_TYPE_I32));
+    struct ggml_tensor *offsets = ggml_reshape_3d(
+        ctx, ggml_arange(ctx, 0.0f, (float)MAX_CHUNK, 1.0f), MAX_CHUNK, 1, 1);
+    struct ggml_tensor *firsts =
+        ggml_reshape_3d(ctx, ggml_scale(ctx, best_chunks, (float)MAX_CHUNK), 1, k, rows);
+    struct ggml_tensor *tokens = ggml_add(ctx, ggml_repeat(ctx, offsets, logits), firsts);
+    best_of(ctx, ggml_reshape_2d(ctx, logits, MAX_CHUNK * k, rows),
+            ggml_reshape_2d(ctx, tokens, MAX_CHUNK * k, rows), k, values, &ids);
+    return ggml_cast(ctx, ids, GGML_TYPE_I32);
+}
+
 /* Write the settings input from the callers' per-sequence settings, once a step for
    each graph. */
 static void gs_backend_set_input(struct llama_sampler *smpl) {
@@ -229,6 +330,7 @@ static void gs_backend_apply(struct llama_sampler *smpl, struct ggml_context *ct
         plan->source = all;
         plan->argmax = NULL;
         plan->top_ids = NULL;
+        plan->top_values = NULL;
         plan->row_inputs = NULL;
         plan->row_tokens = NULL;
     }
@@ -255,13 +357,9 @@ static void gs_backend_apply(struct llama_sampler *smpl, struct ggml_context *ct
         return;
     }
     const int64_t top = plan->top < row->ne[0] ? plan->top : row->ne[0];
-    if (plan->top_ids == NULL) plan->top_ids = ggml_top_k(ctx, all, (int)top);
-    struct ggml_tensor *ids =
-        ggml_view_1d(ctx, plan->top_ids, top, index * plan->top_ids->nb[1]);
-    /* The row, as that many rows of one value each, to gather the candidates' values. */
-    struct ggml_tensor *values = ggml_get_rows(ctx, ggml_reshape_2d(ctx, row, 1, row->ne[0]), ids);
-    data->candidates = ids;
-    data->logits = ggml_reshape_1d(ctx, values, top);
+    if (plan->top_ids == NULL) plan->top_ids = build_top_candidates(ctx, all, top, &plan->top_values);
+    data->candidates = ggml_view_1d(ctx, plan->top_ids, top, index * plan->top_ids->nb[1]);
+    data->logits = ggml_view_1d(ctx, plan->top_values, top, index * plan->top_values->nb[1]);
 }
 
 static struct llama_sampler_i gs_interface = {
@@ -320,7 +418,10 @@ int32_t gs_row_params(void) { return ROW_PARAMS; }
 /* Before each decode: the GS_ROW settings written since are this step's. */
 void gs_plan_next_step(Plan *plan) { plan->step++; }
 
-void gs_plan_set_top(Plan *plan, int32_t top) { plan->top = top < 1 ? 1 : top; }
+/* Candidates a GS_TOP row gets: 1 to SORT_BLOCK / 2 - 1 (best_of's bound). */
+void gs_plan_set_top(Plan *plan, int32_t top) {
+    plan->top = top < 1 ? 1 : top < SORT_BLOCK / 2 ? top : SORT_BLOCK / 2 - 1;
+}
 
 /* The sampler chain for one sequence id, for llama_context_params.samplers; the
    context frees it. NULL when out of memory. */
@@ -335,35 +436,71 @@ struct llama_sampler *gs_sampler_new(Plan *plan, int32_t seq_id) {
     return chain;
 }
 
+typedef enum ggml_status (*Compute)(struct ggml_context *, struct ggml_cgraph *, int);
+
+/* A context for a test's graph on the CPU, holding `bytes` of tensors; NULL when out
+   of memory. */
+static struct ggml_context *cpu_context(size_t bytes) {
+    struct ggml_init_params init = {
+        /* .mem_size   = */ bytes + 1024 * ggml_tensor_overhead() + ggml_graph_overhead(),
+        /* .mem_buffer = */ NULL,
+        /* .no_alloc   = */ false,
+    };
+    return ggml_init(init);
+}
+
+/* Compute `result` and `also` (or NULL) with ggml's CPU backend (looked up at run
+   time: this library links only llama.cpp's interface): 0, -1 when it fails. */
+static int computed_on_cpu(struct ggml_context *ctx, struct ggml_tensor *result,
+                           struct ggml_tensor *also, int threads) {
+    Compute compute = (Compute)dlsym(RTLD_DEFAULT, "ggml_graph_compute_with_ctx");
+    if (compute == NULL) return -1;
+    struct ggml_cgraph *graph = ggml_new_graph(ctx);
+    ggml_build_forward_expand(graph, result);
+    if (also != NULL) ggml_build_forward_expand(graph, also);
+    return compute(ctx, graph, threads) == GGML_STATUS_SUCCESS ? 0 : -1;
+}
+
 /*
  * The GS_ROW draw of `rows` rows of `vocabulary` logits by `settings` (ROW_PARAMS a
  * row) into tokens[], computed by ggml on the CPU without a model: the same
  * operations a step's graph runs, for tests that set the logits themselves. Returns
- * 0; -1 when out of memory, -2 where ggml's CPU backend is not loaded.
+ * 0; -1 when out of memory or where ggml's CPU backend is not loaded.
  */
 int gs_draw_rows_on_cpu(const float *logits, int64_t vocabulary, int64_t rows,
                         const float *settings, int32_t *tokens, int threads) {
-    typedef enum ggml_status (*Compute)(struct ggml_context *, struct ggml_cgraph *, int);
-    Compute compute = (Compute)dlsym(RTLD_DEFAULT, "ggml_graph_compute_with_ctx");
-    if (compute == NULL) return -2;
     /* Every operation keeps its own result here: about 40 of the rows' size. */
     const size_t table = (size_t)vocabulary * (size_t)rows * sizeof(float);
-    struct ggml_init_params init = {
-        /* .mem_size   = */ 48 * table + 1024 * ggml_tensor_overhead() + ggml_graph_overhead(),
-        /* .mem_buffer = */ NULL,
-        /* .no_alloc   = */ false,
-    };
-    struct ggml_context *ctx = ggml_init(init);
+    struct ggml_context *ctx = cpu_context(48 * table);
     if (ctx == NULL) return -1;
     struct ggml_tensor *all = ggml_new_tensor_2d(ctx, GGML_TYPE_F32, vocabulary, rows);
     struct ggml_tensor *inputs = ggml_new_tensor_2d(ctx, GGML_TYPE_F32, ROW_PARAMS, rows);
     memcpy(all->data, logits, table);
     memcpy(inputs->data, settings, (size_t)rows * ROW_PARAMS * sizeof(float));
     struct ggml_tensor *drawn = build_row_draws(ctx, all, inputs);
-    struct ggml_cgraph *graph = ggml_new_graph(ctx);
-    ggml_build_forward_expand(graph, drawn);
-    const enum ggml_status status = compute(ctx, graph, threads);
-    if (status == GGML_STATUS_SUCCESS) memcpy(tokens, drawn->data, (size_t)rows * sizeof(int32_t));
+    const int status = computed_on_cpu(ctx, drawn, NULL, threads);
+    if (status == 0) memcpy(tokens, drawn->data, (size_t)rows * sizeof(int32_t));
     ggml_free(ctx);
-    return status == GGML_STATUS_SUCCESS ? 0 : -1;
+    return status;
+}
+
+/* The GS_TOP candidates of `rows` rows of `vocabulary` logits: each row's `k` largest
+   logits, largest first, into values[] and their token ids into ids[] (k a row),
+   computed as gs_draw_rows_on_cpu computes its draws. Returns 0, or -1. */
+int gs_top_on_cpu(const float *logits, int64_t vocabulary, int64_t rows, int64_t k, int32_t *ids,
+                  float *values, int threads) {
+    const size_t table = (size_t)vocabulary * (size_t)rows * sizeof(float);
+    struct ggml_context *ctx = cpu_context(4 * table + 64 * (size_t)k * MAX_CHUNK * (size_t)rows * sizeof(float));
+    if (ctx == NULL) return -1;
+    struct ggml_tensor *all = ggml_new_tensor_2d(ctx, GGML_TYPE_F32, vocabulary, rows);
+    memcpy(all->data, logits, table);
+    struct ggml_tensor *best;
+    struct ggml_tensor *found = build_top_candidates(ctx, all, k, &best);
+    const int status = computed_on_cpu(ctx, found, best, threads);
+    if (status == 0) {
+        memcpy(ids, found->data, (size_t)(k * rows) * sizeof(int32_t));
+        memcpy(values, best->data, (size_t)(k * rows) * sizeof(float));
+    }
+    ggml_free(ctx);
+    return status;
 }

@@ -66,6 +66,16 @@ def _library() -> ctypes.CDLL | None:
         ctypes.c_int,
     )
     library.gs_draw_rows_on_cpu.restype = ctypes.c_int
+    library.gs_top_on_cpu.argtypes = (
+        ctypes.POINTER(ctypes.c_float),
+        ctypes.c_int64,
+        ctypes.c_int64,
+        ctypes.c_int64,
+        ctypes.POINTER(ctypes.c_int32),
+        ctypes.POINTER(ctypes.c_float),
+        ctypes.c_int,
+    )
+    library.gs_top_on_cpu.restype = ctypes.c_int
     if library.gs_row_params() != ROW_PARAMS:
         return None  # built from another version of graph_sampler.c
     return library
@@ -177,8 +187,33 @@ def draw_rows_on_cpu(
         tokens.ctypes.data_as(ctypes.POINTER(ctypes.c_int32)),
         threads,
     )
-    if status == -2:
-        raise RuntimeError("ggml's CPU backend is not loaded (import llama_cpp first)")
     if status != 0:
-        raise MemoryError("ggml could not hold the rows' draw")
+        raise RuntimeError("ggml could not compute the rows' draw on the CPU")
     return tokens
+
+
+def top_on_cpu(
+    logits: npt.NDArray[np.float32], k: int, threads: int = 2
+) -> tuple[npt.NDArray[np.int32], npt.NDArray[np.float32]]:
+    """The TOP candidates of each row of `logits` (rows x vocabulary): its `k` largest
+    logits' token ids and values (rows x k each, largest first), computed by ggml on
+    the CPU with the graph's own operations, as draw_rows_on_cpu."""
+    library = _library()
+    if library is None:
+        raise RuntimeError("service/backends/native/graph_sampler.c was not built")
+    logits = np.ascontiguousarray(logits, dtype=np.float32)
+    rows, vocabulary = logits.shape
+    ids = np.empty((rows, k), dtype=np.int32)
+    values = np.empty((rows, k), dtype=np.float32)
+    status = library.gs_top_on_cpu(
+        logits.ctypes.data_as(ctypes.POINTER(ctypes.c_float)),
+        vocabulary,
+        rows,
+        k,
+        ids.ctypes.data_as(ctypes.POINTER(ctypes.c_int32)),
+        values.ctypes.data_as(ctypes.POINTER(ctypes.c_float)),
+        threads,
+    )
+    if status != 0:
+        raise RuntimeError("ggml could not compute the rows' candidates on the CPU")
+    return ids, values
