@@ -184,8 +184,17 @@ def test_deadlines_while_prefilling_a_long_prompt(
 def _blockers(
     stub: pb_grpc.InferenceStub, count: int, rng: random.Random
 ) -> tuple[list[grpc.Future], threading.Thread]:  # type: ignore[type-arg]
-    """`count` long generations read on a thread of their own, holding their slots."""
+    """`count` long generations read on a thread of their own, holding their slots.
+
+    When all fit in the batch, each has decoded a token before this returns: the
+    requests queued behind them then wait for a place while they decode, and not
+    behind their prompts' steps (seconds each on one thread), which no cancel of
+    another request interrupts."""
     calls = [stub.Generate(_request(_prompt(rng, 20)), timeout=120) for _ in range(count)]
+    if count <= SLOTS:
+        for call in calls:
+            while next(call).WhichOneof("event") != "delta":
+                pass
 
     def drain() -> None:
         for call in calls:
@@ -198,6 +207,11 @@ def _blockers(
     reader = threading.Thread(target=drain, daemon=True)
     reader.start()
     return calls, reader
+
+
+def _states(calls: list[Any]) -> list[str]:
+    """How each call stands (grpc's call objects): running, or its status and message."""
+    return [f"{c.code().name}: {c.details()}" if c.done() else "running" for c in calls]
 
 
 def _ended(calls: list[grpc.Future], reader: threading.Thread) -> None:  # type: ignore[type-arg]
@@ -219,7 +233,11 @@ def test_deadlines_while_queued(
     try:
         _wait_for_blockers(running, holding)
         queued = _calls(_read, stub, rng, 24, words=20, seconds=(0.05, 0.5))
-        _swept(running, queued, stage, holding=holding)
+        try:
+            _swept(running, queued, stage, holding=holding)
+        except AssertionError as failure:  # a blocker that ended early would explain it
+            raise AssertionError(f"{failure}; blockers: {_states(calls)}") from None
+        assert not any(call.done() for call in calls), _states(calls)  # held throughout
     finally:
         _ended(calls, reader)
     _within_a_second(_settled(running), f"the blockers of {stage!r}")
