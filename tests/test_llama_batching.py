@@ -531,3 +531,46 @@ def test_an_interrupted_step_evaluates_nothing_and_the_sequence_goes_on_as_befor
         interrupted.close()
         plain.close()
     assert produced == expected
+
+
+def test_an_interrupted_step_over_per_sequence_caches_leaves_each_sequence_as_it_was() -> None:
+    """With a cache per sequence each sequence's tokens are a forward pass of their own
+    within the step; an interrupt leaves every one of them where the last step did."""
+    prompts = ["The sky is", "My favourite food is"]
+    interrupted, plain = per_sequence_backend(), per_sequence_backend()
+    try:
+        expected = run(plain, prompts, 6)
+        sequences = []
+        for prompt in prompts:
+            ids = tuple(interrupted.tokenize(prompt, add_bos=interrupted.adds_bos))
+            started = interrupted.start(SequenceRequest(ids, GREEDY, 6))
+            assert isinstance(started, LlamaSequence)
+            sequences.append(started)
+        produced: list[list[int]] = [[], []]
+
+        def step() -> list[Sampled | None]:
+            return interrupted.step(sequences, lambda: None)
+
+        while min(len(ids) for ids in produced) < 2:
+            for into, sampled in zip(produced, step(), strict=True):
+                if sampled is not None:
+                    into.append(sampled.token)
+        held = [list(sequence.slot.tokens) for sequence in sequences]
+        interrupted.interrupt_step(True)
+        assert step() == [None, None]
+        memory = llama_cpp.llama_get_memory(interrupted._context.ctx)
+        for sequence, tokens in zip(sequences, held, strict=True):
+            assert sequence.slot.tokens == tokens
+            last = llama_cpp.llama_memory_seq_pos_max(memory, sequence.slot.seq_id)
+            assert last == len(tokens) - 1
+        interrupted.interrupt_step(False)
+        while min(len(ids) for ids in produced) < 6:
+            for into, sampled in zip(produced, step(), strict=True):
+                if sampled is not None:
+                    into.append(sampled.token)
+        for sequence in sequences:
+            interrupted.finish(sequence)
+    finally:
+        interrupted.close()
+        plain.close()
+    assert [ids[:6] for ids in produced] == expected
