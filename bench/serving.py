@@ -25,6 +25,8 @@ min-p decide over the whole vocabulary), to one server; `--sample-in-graph on,of
 the service once per setting (issue 39: draws inside llama.cpp's graph, or on
 the host). Each service row is then named by both, and every row's ratios to
 the first service row, to llama-server and to the ceiling are printed.
+Each configuration's row is also printed the moment it finishes ("finished: ..."),
+so a run cut short by a machine's time limit keeps what it measured.
 """
 
 from __future__ import annotations
@@ -168,6 +170,28 @@ async def run_one(
     return figures(target.name, outcomes, seconds, cpu, (args.slo_ttft_ms, args.slo_itl_ms))
 
 
+HEADER = "server        req/s  out tok/s  TTFT p50/p90/p99 ms     ITL p50/p99 ms  goodput  cpu"
+
+
+def row_line(r: Figures) -> str:
+    """One configuration's figures, as a row under HEADER."""
+    ttft = "/".join(f"{r.ttft_ms[p]:.0f}" for p in ("p50", "p90", "p99"))
+    itl = "/".join(f"{r.itl_ms[p]:.1f}" for p in ("p50", "p99"))
+    return (
+        f"{r.server:12} {r.requests_per_second:6.2f} {r.output_tokens_per_second:10.1f}  "
+        f"{ttft:>20}  {itl:>14}  {r.goodput_rps:7.2f}  {r.client_cpu:4.0%}"
+        + (f"  ({r.errors} errors)" if r.errors else "")
+    )
+
+
+def finished(results: list[Figures], result: Figures) -> None:
+    """Keep one configuration's figures and print them now: a run cut short by a
+    machine's time limit keeps every row it finished (the table and ratios follow at
+    the end)."""
+    results.append(result)
+    print(f"finished: {row_line(result)}", flush=True)
+
+
 def report(results: list[Figures], args: argparse.Namespace, work: list[Request]) -> None:
     load = (
         f"{args.request_rate} req/s (Poisson)"
@@ -182,15 +206,9 @@ def report(results: list[Figures], args: argparse.Namespace, work: list[Request]
         "cache, the "
         f"service's steps of up to {args.step_tokens} tokens"
     )
-    print("server        req/s  out tok/s  TTFT p50/p90/p99 ms     ITL p50/p99 ms  goodput  cpu")
+    print(HEADER)
     for r in results:
-        ttft = "/".join(f"{r.ttft_ms[p]:.0f}" for p in ("p50", "p90", "p99"))
-        itl = "/".join(f"{r.itl_ms[p]:.1f}" for p in ("p50", "p99"))
-        print(
-            f"{r.server:12} {r.requests_per_second:6.2f} {r.output_tokens_per_second:10.1f}  "
-            f"{ttft:>20}  {itl:>14}  {r.goodput_rps:7.2f}  {r.client_cpu:4.0%}"
-            + (f"  ({r.errors} errors)" if r.errors else "")
-        )
+        print(row_line(r))
     peers = [r for r in results if r.server.startswith("llama-server")]
     theirs = max(peers, key=lambda r: r.output_tokens_per_second, default=None)
     ours = [r for r in results if not r.server.startswith("llama-server")]
@@ -355,7 +373,7 @@ def main() -> None:
     if args.model_path:
         args.model = "bench"
         flags += ["--model", f"bench={path}"]
-    results = []
+    results: list[Figures] = []
     placements = [p for p in args.sample_in_graph.split(",") if p] or [""]
     named = len(samplings) > 1 or placements != [""]
     for placement in placements:
@@ -367,7 +385,7 @@ def main() -> None:
                     target = partial(ServiceTarget, address, SAMPLINGS[kind])
                     result = asyncio.run(run_one(target, work, args))
                     name = f"svc {kind[:6]} {placement or 'dflt'}" if named else result.server
-                    results.append(replace(result, server=name))
+                    finished(results, replace(result, server=name))
     if args.llama_server:
         for variant in args.llama_server_variants.split(";"):
             parts = set(variant.split("+")) - {""}
@@ -379,7 +397,7 @@ def main() -> None:
             with server as url:
                 result = asyncio.run(run_one(lambda: LlamaServerTarget(url, sampling), work, args))
             name = f"llama-server[{variant}]" if variant else result.server
-            results.append(replace(result, server=name))
+            finished(results, replace(result, server=name))
     report(results, args, work)
     ceiling = None
     if args.batched_bench:

@@ -14,7 +14,7 @@ import pytest
 
 from bench.ceiling import batched_bench_command, parse_table
 from bench.py_spy import record_command
-from bench.serving import figures
+from bench.serving import Figures, figures, finished
 from bench.targets import Outcome, _arrived, _sse_lines
 from bench.workload import Lengths, Texts, parse_range, poisson_gaps, requests
 from service.models.embedded import EMBEDDED_MODELS
@@ -164,3 +164,14 @@ def test_py_spy_follows_the_engine_processes_until_stopped_or_for_the_seconds_gi
     assert timed[timed.index("-d") + 1] == "4"
     assert "--native" in timed
     assert "--nonblocking" not in timed  # py-spy refuses the two together
+
+
+def test_each_configuration_is_printed_as_it_finishes(capsys: pytest.CaptureFixture[str]) -> None:
+    outcome = Outcome(sent=0.0, prompt_tokens=10)
+    outcome.first, outcome.token_times, outcome.output_tokens = 0.5, [0.6, 0.7], 3
+    results: list[Figures] = []
+    finished(results, figures("svc greedy on", [outcome], seconds=1.0, cpu=0.1, slo=(600, 150)))
+    printed = capsys.readouterr().out
+    assert printed.startswith("finished: svc greedy on")
+    assert "3.0" in printed  # its output tokens/s, before any other configuration ran
+    assert [r.server for r in results] == ["svc greedy on"]
