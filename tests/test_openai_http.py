@@ -612,11 +612,14 @@ def test_choices_past_the_parallel_sequences_run_in_turn_each_within_its_ceiling
     with serving(settings) as (server, _):
         reply = httpx.post(
             base_url(server) + "/completions",
-            json={"prompt": "Once upon a time", "max_tokens": 32, "n": 24},
+            # Greedy: a sampled choice may draw the end of its turn before 32 tokens
+            # (seen once in CI), which says nothing of seats or ceilings.
+            json={"prompt": "Once upon a time", "max_tokens": 32, "n": 24, "temperature": 0},
             timeout=300,
         )
     assert reply.status_code == 200, reply.text
     choices = reply.json()["choices"]
     assert sorted(choice["index"] for choice in choices) == list(range(24))
-    assert all(choice["finish_reason"] == "length" for choice in choices)
+    reasons = [choice["finish_reason"] for choice in choices]
+    assert reasons == ["length"] * 24, reasons
     assert reply.json()["usage"]["completion_tokens"] == 24 * 32
