@@ -3,8 +3,8 @@
 interrupt.c is the abort callback llama.cpp's CPU backend calls; the flag it
 reads is an int owned here, set and cleared from any thread. A GPU backend does
 not ask the callback (its steps are short): there the flag changes nothing.
-`StepInterrupt.install` says whether it is in place; where interrupt.c was not
-built it is not, and a step always runs to its end.
+Where interrupt.c was not built nothing is installed, and a step always runs to
+its end.
 """
 
 from __future__ import annotations
@@ -33,15 +33,12 @@ class StepInterrupt:
 
     def __init__(self) -> None:
         self._flag = ctypes.c_int(0)
-        self.installed = False
 
-    def install(self, context: llama_cpp.llama_context_p) -> bool:
-        """Have `context`'s forward passes read the flag; whether they do."""
+    def install(self, context: llama_cpp.llama_context_p) -> None:
+        """Have `context`'s forward passes read the flag (where interrupt.c was built)."""
         callback = _callback()
         if callback is not None:
             llama_cpp.llama_set_abort_callback(context, callback, ctypes.addressof(self._flag))
-            self.installed = True
-        return self.installed
 
     def set(self, interrupted: bool) -> None:
         """Ask the forward pass in progress, and every later one, to stop (True), or
