@@ -40,6 +40,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, replace
 from functools import partial
 from pathlib import Path
+from typing import cast, get_args
 
 import llama_cpp
 
@@ -51,7 +52,7 @@ from bench.server import SAMPLED, WHOLE_ROW, running_server
 from bench.targets import LlamaServerTarget, Outcome, ServiceTarget, Target
 from bench.workload import Lengths, Request, Texts, parse_range, poisson_gaps, requests
 from service.admission.gates import llama_cpp_computes_on_gpu
-from service.backends.names import batch_size_on, kv_layout_on
+from service.backends.names import KvLayout, batch_size_on, kv_layout_on
 from service.config import available_cores
 from service.models.embedded import EMBEDDED_MODELS
 
@@ -230,6 +231,81 @@ def _ratios(ours: Figures, theirs: Figures | None) -> str:
     )
 
 
+def service_rows(
+    args: argparse.Namespace,
+    work: list[Request],
+    flags: list[str],
+    samplings: list[str],
+    suffix: str = "",
+) -> list[Figures]:
+    """The service's rows: started once per --sample-in-graph setting, sent the work
+    once per sampling."""
+    results: list[Figures] = []
+    placements = [p for p in args.sample_in_graph.split(",") if p] or [""]
+    named = len(samplings) > 1 or placements != [""]
+    for placement in placements:
+        extra = ["--sample-in-graph", placement] if placement else []
+        with running_server(args.model, args.threads, flags + extra) as (address, pid):
+            profile = (args.out or Path("bench-results")) / "py-spy-service.txt"
+            with recording(args.py_spy, pid, profile):
+                for kind in samplings:
+                    target = partial(ServiceTarget, address, SAMPLINGS[kind])
+                    result = asyncio.run(run_one(target, work, args))
+                    name = f"svc {kind[:6]} {placement or 'dflt'}" if named else result.server
+                    finished(results, replace(result, server=name + suffix))
+    return results
+
+
+def llama_server_rows(
+    args: argparse.Namespace,
+    work: list[Request],
+    model: str,
+    context: int,
+    unified: bool,
+    suffix: str = "",
+) -> list[Figures]:
+    """llama-server's rows, one per --llama-server-variants configuration."""
+    results: list[Figures] = []
+    # llama-server gets the first sampling only: its rows compare with the service's first.
+    sampling = SAMPLINGS[
+        (args.samplings or ("sampled" if args.sampled else "greedy")).split(",")[0]
+    ]
+    for variant in args.llama_server_variants.split(";"):
+        parts = set(variant.split("+")) - {""}
+        flags = llama_server_flags(args.threads, args.gpu_layers)
+        flags += ["--backend-sampling"] if "backend-sampling" in parts else []
+        layout = unified if not {"kvu", "no-kvu"} & parts else "kvu" in parts
+        server = llama_server(
+            args.llama_server, model, args.concurrency, context, flags, unified=layout
+        )
+        with server as url:
+            result = asyncio.run(run_one(lambda: LlamaServerTarget(url, sampling), work, args))
+        name = f"llama-server[{variant}]" if variant else result.server
+        finished(results, replace(result, server=name + suffix))
+    return results
+
+
+def round_ratios(results: Sequence[Figures], rounds: int) -> str:
+    """Per service configuration, its output tokens/s over the fastest llama-server
+    row of the same round, round by round, and their median."""
+    by_name: dict[str, list[float]] = {}
+    for index in range(1, rounds + 1):
+        mine = [r for r in results if r.server.endswith(f" #{index}")]
+        theirs = [r.output_tokens_per_second for r in mine if r.server.startswith("llama-server")]
+        for row in mine if theirs else []:
+            if not row.server.startswith("llama-server"):
+                name = row.server.removesuffix(f" #{index}")
+                by_name.setdefault(name, []).append(row.output_tokens_per_second / max(theirs))
+    if not by_name:
+        return "no round finished both servers"
+    return "\n".join(
+        f"{name} / fastest llama-server, by round: "
+        f"{', '.join(f'{ratio:.2f}x' for ratio in ratios)}; median "
+        f"{statistics.median(ratios):.2f}x"
+        for name, ratios in by_name.items()
+    )
+
+
 def measure_ceiling(args: argparse.Namespace, model: str, unified: bool) -> Ceiling:
     """llama-batched-bench at the run's lengths, batch and KV layout."""
     lengths = (parse_range(args.input_len)[0], parse_range(args.output_len)[0])
@@ -325,15 +401,28 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--gpu-layers", type=int, default=0)
     parser.add_argument(
         "--kv-layout",
-        choices=("auto", "unified", "per-sequence"),
         default="auto",
-        help="the KV cache layout of both servers: one pool (llama-server -kvu) or a "
-        "cache per sequence (llama-server's slots without -kvu); auto, the service's "
-        "default, is per-sequence with --gpu-layers on a GPU build, else unified",
+        help="the KV cache layout of both servers: one pool (unified; llama-server -kvu) "
+        "or a cache per sequence (per-sequence; llama-server's slots without -kvu); auto, "
+        "the service's default, is per-sequence with --gpu-layers on a GPU build, else "
+        "unified. Comma-separated, the service runs once per layout; llama-server and "
+        "the ceiling take the first",
+    )
+    parser.add_argument(
+        "--rounds",
+        type=int,
+        default=1,
+        help="run every server this many times, alternating, and print each round's "
+        "ratio and their median (for machines whose speed drifts)",
     )
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", type=Path)
     args = parser.parse_args()
+    unknown_layouts = set(args.kv_layout.split(",")) - set(get_args(KvLayout))
+    if unknown_layouts:
+        parser.error(
+            f"--kv-layout: {', '.join(sorted(unknown_layouts))}? (auto, unified, per-sequence)"
+        )
     fixed = all(":" not in text for text in (args.input_len, args.output_len))
     if args.batched_bench and not (fixed and args.dataset == "random"):
         parser.error("--batched-bench needs the random dataset with fixed lengths")
@@ -358,47 +447,35 @@ def main() -> None:
     context = slots * longest
     # As the service settles "auto" (see service.models.pool.kv_cache_layout).
     on_gpu = args.gpu_layers != 0 and llama_cpp_computes_on_gpu()
-    args.kv_layout = kv_layout_on(args.kv_layout, on_gpu)
+    layouts = [kv_layout_on(cast(KvLayout, name), on_gpu) for name in args.kv_layout.split(",")]
+    args.kv_layout = layouts[0]
     args.step_tokens = batch_size_on(None, on_gpu)  # the service's default, as it settles it
     unified = args.kv_layout == "unified"
     samplings = (args.samplings or ("sampled" if args.sampled else "greedy")).split(",")
     unknown = set(samplings) - set(SAMPLINGS)
     if unknown:
         raise SystemExit(f"--samplings: {', '.join(sorted(unknown))}? (greedy, sampled, whole)")
-    sampling = SAMPLINGS[samplings[0]]
     parallel = args.parallel_sequences or slots
-    flags = ["--parallel-sequences", str(parallel), "--kv-layout", args.kv_layout]
-    flags += ["--context-size", str(context if unified else longest)]
-    flags += ["--gpu-layers", str(args.gpu_layers)]
+    flags = ["--parallel-sequences", str(parallel), "--gpu-layers", str(args.gpu_layers)]
     if args.model_path:
         args.model = "bench"
         flags += ["--model", f"bench={path}"]
     results: list[Figures] = []
-    placements = [p for p in args.sample_in_graph.split(",") if p] or [""]
-    named = len(samplings) > 1 or placements != [""]
-    for placement in placements:
-        extra = ["--sample-in-graph", placement] if placement else []
-        with running_server(args.model, args.threads, flags + extra) as (address, pid):
-            profile = (args.out or Path("bench-results")) / "py-spy-service.txt"
-            with recording(args.py_spy, pid, profile):
-                for kind in samplings:
-                    target = partial(ServiceTarget, address, SAMPLINGS[kind])
-                    result = asyncio.run(run_one(target, work, args))
-                    name = f"svc {kind[:6]} {placement or 'dflt'}" if named else result.server
-                    finished(results, replace(result, server=name))
-    if args.llama_server:
-        for variant in args.llama_server_variants.split(";"):
-            parts = set(variant.split("+")) - {""}
-            flags = llama_server_flags(args.threads, args.gpu_layers)
-            flags += ["--backend-sampling"] if "backend-sampling" in parts else []
-            layout = unified if not {"kvu", "no-kvu"} & parts else "kvu" in parts
-            binary, model = args.llama_server, str(path)
-            server = llama_server(binary, model, slots, context, flags, unified=layout)
-            with server as url:
-                result = asyncio.run(run_one(lambda: LlamaServerTarget(url, sampling), work, args))
-            name = f"llama-server[{variant}]" if variant else result.server
-            finished(results, replace(result, server=name))
+    for round_index in range(args.rounds):
+        # Several rounds alternate the servers, so that a machine whose speed drifts
+        # (a shared VM) shows as a spread of ratios rather than one lucky one.
+        suffix = f" #{round_index + 1}" if args.rounds > 1 else ""
+        for layout in layouts:
+            # A pool holds every stream's longest; a cache per sequence holds one.
+            size = context if layout == "unified" else longest
+            cache = ["--kv-layout", layout, "--context-size", str(size)]
+            named = f" {layout}" if len(layouts) > 1 else ""
+            results += service_rows(args, work, flags + cache, samplings, named + suffix)
+        if args.llama_server:
+            results += llama_server_rows(args, work, str(path), context, unified, suffix)
     report(results, args, work)
+    if args.rounds > 1 and args.llama_server:
+        print(round_ratios(results, args.rounds))
     ceiling = None
     if args.batched_bench:
         ceiling = measure_ceiling(args, str(path), unified)

@@ -14,7 +14,7 @@ import pytest
 
 from bench.ceiling import batched_bench_command, parse_table
 from bench.py_spy import record_command
-from bench.serving import Figures, figures, finished
+from bench.serving import Figures, figures, finished, round_ratios
 from bench.targets import Outcome, _arrived, _sse_lines
 from bench.workload import Lengths, Texts, parse_range, poisson_gaps, requests
 from service.models.embedded import EMBEDDED_MODELS
@@ -175,3 +175,30 @@ def test_each_configuration_is_printed_as_it_finishes(capsys: pytest.CaptureFixt
     assert printed.startswith("finished: svc greedy on")
     assert "3.0" in printed  # its output tokens/s, before any other configuration ran
     assert [r.server for r in results] == ["svc greedy on"]
+
+
+def _row(server: str, tokens_per_second: float) -> Figures:
+    outcome = Outcome(sent=0.0, prompt_tokens=10)
+    outcome.first, outcome.token_times = 0.5, [0.6]
+    outcome.output_tokens = int(tokens_per_second)
+    return figures(server, [outcome], seconds=1.0, cpu=0.1, slo=(600, 150))
+
+
+def test_rounds_compare_each_service_row_with_the_fastest_llama_server_of_its_round() -> None:
+    rows = [
+        _row("service unified #1", 40),
+        _row("service per-sequence #1", 55),
+        _row("llama-server[kvu] #1", 50),
+        _row("llama-server[no-kvu] #1", 40),
+        _row("service unified #2", 60),
+        _row("service per-sequence #2", 45),
+        _row("llama-server[kvu] #2", 40),
+        _row("llama-server[no-kvu] #2", 50),
+        _row("service unified #3", 45),  # the third round was cut short before llama-server
+    ]
+    lines = round_ratios(rows, rounds=3).splitlines()
+    assert lines == [
+        "service unified / fastest llama-server, by round: 0.80x, 1.20x; median 1.00x",
+        "service per-sequence / fastest llama-server, by round: 1.10x, 0.90x; median 1.00x",
+    ]
+    assert round_ratios(rows[-1:], rounds=3) == "no round finished both servers"
