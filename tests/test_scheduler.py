@@ -56,6 +56,8 @@ class StepBackend:
     # Runs once, in the next step's "forward pass" (cancels that come meanwhile).
     mid_pass: Callable[[], None] | None = None
     interrupted: bool = False  # what the scheduler asks now (interrupt_step)
+    # Tokens a decode step gives each sequence, as a step that verified drafts would.
+    run_length: int = 1
     interrupted_steps: int = 0
     name: str = "fake"
     context_length: int = 100_000
@@ -89,7 +91,8 @@ class StepBackend:
             done = take and sequence.pending == 0
             if done:  # the last prompt chunk or a decode token: a token comes out
                 sequence.decoding, sequence.pending = True, 1
-            sampled.append(Sampled(TOKEN) if done else None)
+            more = tuple(Sampled(TOKEN) for _ in range(self.run_length - 1))
+            sampled.append(Sampled(TOKEN, more=more if take == 1 else ()) if done else None)
         return sampled
 
     def _compute_beside(self, before_compute: Callable[[], None]) -> None:
@@ -306,6 +309,23 @@ def test_every_token_arrives_once_and_in_order_with_the_work_beside_the_step(
         assert sink.tokens == 7 + 3 * index
     assert sorted(harness.backend.finished) == sorted(f"r{i}" for i in range(6))
     assert harness.backend.running == []
+
+
+def test_a_step_s_run_of_verified_tokens_all_arrive_and_stop_at_max_tokens(
+    overlap: bool,
+) -> None:
+    harness = Harness(max_sequences=4, overlap=overlap)
+    harness.backend.run_length = 3
+    sinks = [harness.submit(f"r{i}", prompt=5, answer=7 + i) for i in range(3)]
+    harness.run(200)
+    for index, sink in enumerate(sinks):
+        finished = [e for e in sink.events if isinstance(e, Finished)]
+        assert sink.tokens == 7 + index  # a run past max_tokens is cut where it ends
+        assert finished[0].usage.completion_tokens == 7 + index
+    # The first token comes from the prompt's step, then three a step.
+    decode_steps = sum(1 for step in harness.backend.steps if step.get("r2") == 1)
+    # 1 + 3 + 3 + 3 >= 9 tokens; handed out during the next pass, the end is seen a step late.
+    assert decode_steps == (4 if overlap else 3)
 
 
 def test_a_request_cancelled_while_waiting_is_ended_without_running(overlap: bool) -> None:

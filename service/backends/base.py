@@ -61,6 +61,14 @@ class Sampled:
     refused: ServiceError | None = None
     # Drawn inside the model library's graph (llama.cpp's, on the GPU), not on the host.
     in_graph: bool = False
+    # The tokens after this one that the same step verified (speculative decoding:
+    # drafted tokens the model agreed with, then its own next one), in order.
+    more: tuple[Sampled, ...] = ()
+
+    @property
+    def run(self) -> tuple[Sampled, ...]:
+        """Every token this step gave the sequence, this one first."""
+        return (self, *self.more)
 
 
 class ActiveSequence(Protocol):
@@ -173,7 +181,8 @@ class SequenceStepper(Protocol):
         costs the step nothing); it must not call `start`, `step` or `finish`.
         Elsewhere it runs just before the forward pass, on the caller's thread.
         Returns, per sequence, what it sampled, or None while its prompt
-        is still being evaluated (long prompts take several steps).
+        is still being evaluated (long prompts take several steps). A step that
+        verified drafted tokens gives a sequence several (`Sampled.run`).
         """
         ...
 

@@ -354,9 +354,12 @@ class DecodeScheduler:
             self._retire(request, sampled.refused)
             return
         try:
-            for event in decoder.push(sampled.token, sampled.logprob, sampled.in_graph):
-                for message in request.chunker.push(event):
-                    self._outbox.append((request.channel, message))
+            for each in sampled.run:  # several when the step verified drafted tokens
+                for event in decoder.push(each.token, each.logprob, each.in_graph):
+                    for message in request.chunker.push(event):
+                        self._outbox.append((request.channel, message))
+                if decoder.done:  # the rest of the run is past its end: never sent
+                    break
         except Exception as exc:  # a bug of ours: this request fails, the others go on
             self._retire(request, exc)
             return
