@@ -422,6 +422,16 @@ class ModelOptionSettings(BaseModel):
         "auto: greedy requests' argmax in the graph for a model on a GPU (sampled ones "
         "draw on the host, measured faster there), every draw on the host on the CPU.",
     )
+    draft_tokens: int = Field(
+        default=0,
+        ge=0,
+        le=32,
+        description="Speculative decoding by prompt lookup: up to this many tokens a "
+        "greedy (temperature 0) llama.cpp sequence guesses from its own prompt and answer "
+        "each step, verified in the same forward pass; the ones the model agrees with are "
+        "kept, so an answer that repeats its input comes sooner. 0: off. Not with in-graph "
+        "sampling, logprobs, a grammar or sampled requests (those decode one token a step).",
+    )
     kv_layout: KvLayout = Field(
         default="auto",
         description="How a llama.cpp model's KV cache holds its sequences. unified: one "

@@ -33,6 +33,8 @@ class ModelOptions:
     # Tokens per streamed message after the first.
     stream_interval: int = 1
     sample_in_graph: SampleInGraph = "auto"
+    # Prompt-lookup guesses per step for greedy llama.cpp sequences; 0: no speculation.
+    draft_tokens: int = 0
 
     @classmethod
     def from_settings(cls, settings: ModelOptionSettings) -> ModelOptions:

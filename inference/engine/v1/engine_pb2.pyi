@@ -48,7 +48,7 @@ class Heartbeat(_message.Message):
     def __init__(self, progress: _Optional[int] = ...) -> None: ...
 
 class Load(_message.Message):
-    __slots__ = ("name", "backend", "path", "context_size", "threads", "gpu_layers", "main_gpu", "flash_attention", "parallel_sequences", "cached_sequences", "kv_layout", "stream_interval", "max_waiting_sequences", "chat_template", "default_max_tokens", "max_decode_seconds", "log_level", "batch_size", "sample_in_graph", "request_token_budget", "embed_batch_tokens")
+    __slots__ = ("name", "backend", "path", "context_size", "threads", "gpu_layers", "main_gpu", "flash_attention", "parallel_sequences", "cached_sequences", "kv_layout", "stream_interval", "max_waiting_sequences", "chat_template", "default_max_tokens", "max_decode_seconds", "log_level", "batch_size", "sample_in_graph", "request_token_budget", "embed_batch_tokens", "draft_tokens")
     NAME_FIELD_NUMBER: _ClassVar[int]
     BACKEND_FIELD_NUMBER: _ClassVar[int]
     PATH_FIELD_NUMBER: _ClassVar[int]
@@ -70,6 +70,7 @@ class Load(_message.Message):
     SAMPLE_IN_GRAPH_FIELD_NUMBER: _ClassVar[int]
     REQUEST_TOKEN_BUDGET_FIELD_NUMBER: _ClassVar[int]
     EMBED_BATCH_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    DRAFT_TOKENS_FIELD_NUMBER: _ClassVar[int]
     name: str
     backend: str
     path: str
@@ -91,7 +92,8 @@ class Load(_message.Message):
     sample_in_graph: str
     request_token_budget: int
     embed_batch_tokens: int
-    def __init__(self, name: _Optional[str] = ..., backend: _Optional[str] = ..., path: _Optional[str] = ..., context_size: _Optional[int] = ..., threads: _Optional[int] = ..., gpu_layers: _Optional[int] = ..., main_gpu: _Optional[int] = ..., flash_attention: _Optional[str] = ..., parallel_sequences: _Optional[int] = ..., cached_sequences: _Optional[int] = ..., kv_layout: _Optional[str] = ..., stream_interval: _Optional[int] = ..., max_waiting_sequences: _Optional[int] = ..., chat_template: _Optional[str] = ..., default_max_tokens: _Optional[int] = ..., max_decode_seconds: _Optional[float] = ..., log_level: _Optional[str] = ..., batch_size: _Optional[int] = ..., sample_in_graph: _Optional[str] = ..., request_token_budget: _Optional[int] = ..., embed_batch_tokens: _Optional[int] = ...) -> None: ...
+    draft_tokens: int
+    def __init__(self, name: _Optional[str] = ..., backend: _Optional[str] = ..., path: _Optional[str] = ..., context_size: _Optional[int] = ..., threads: _Optional[int] = ..., gpu_layers: _Optional[int] = ..., main_gpu: _Optional[int] = ..., flash_attention: _Optional[str] = ..., parallel_sequences: _Optional[int] = ..., cached_sequences: _Optional[int] = ..., kv_layout: _Optional[str] = ..., stream_interval: _Optional[int] = ..., max_waiting_sequences: _Optional[int] = ..., chat_template: _Optional[str] = ..., default_max_tokens: _Optional[int] = ..., max_decode_seconds: _Optional[float] = ..., log_level: _Optional[str] = ..., batch_size: _Optional[int] = ..., sample_in_graph: _Optional[str] = ..., request_token_budget: _Optional[int] = ..., embed_batch_tokens: _Optional[int] = ..., draft_tokens: _Optional[int] = ...) -> None: ...
 
 class Loaded(_message.Message):
     __slots__ = ("backend", "context_length", "computes_off_cpu")

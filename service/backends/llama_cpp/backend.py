@@ -22,7 +22,7 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -43,6 +43,7 @@ from service.backends.llama_cpp.kv_slots import Placement, Slot, SlotTable
 from service.backends.llama_cpp.logprobs import token_logprob
 from service.backends.llama_cpp.own_draws import OwnDraws
 from service.backends.llama_cpp.sampling import Logits, SamplerChain, SamplingRefused
+from service.backends.llama_cpp.speculation import draft_room, verified_run
 from service.backends.names import (
     LLAMA_CPP,
     FlashAttention,
@@ -54,6 +55,7 @@ from service.backends.names import (
     top_candidates_in_graph,
 )
 from service.backends.native.interrupt import StepInterrupt
+from service.backends.prompt_lookup import PromptLookup
 from service.backends.row_threads import RowThreads
 from service.backends.step_plan import Seat, plan_step
 from service.errors import BackendFailure
@@ -105,6 +107,9 @@ class LlamaCppOptions:
     prefill_chunk: int | None = None
     # Draws inside llama.cpp's graph (see graph_sampling); "auto": on a GPU.
     sample_in_graph: SampleInGraph = "auto"
+    # Prompt-lookup guesses a greedy sequence verifies per step (see speculation); 0: off.
+    # Host-drawn rows only: not with in-graph sampling, logprobs or a grammar.
+    draft_tokens: int = 0
 
 
 # On a CPU a step's time grows with every token in it: 128 prompt tokens add a few
@@ -189,6 +194,10 @@ class LlamaSequence:
     decoding: bool = False
     # With in-graph sampling, where its draws happen (see graph_sampling).
     mode: int = graph_sampling.HOST
+    # Its history, for drafting guesses (see speculation); None: it does not speculate.
+    lookup: PromptLookup | None = None
+    # This step's guesses, evaluated after its pending token.
+    drafts: list[int] = field(default_factory=list)
 
 
 def _graph_sampling(options: LlamaCppOptions, off_cpu: bool) -> GraphSampling | None:
@@ -258,6 +267,15 @@ class LlamaCppBackend:
         self._pieces = threading.local()
         self._own_draws: OwnDraws[LlamaSequence] = OwnDraws()
         self._closed = threading.Event()
+        # A recurrent state cannot drop rejected guesses; in-graph rows are planned
+        # one output a sequence.
+        model = self._model.model
+        rolls_back = not (
+            llama_cpp.llama_model_is_recurrent(model) or llama_cpp.llama_model_is_hybrid(model)
+        )
+        self._draft_tokens = options.draft_tokens if self._graph is None and rolls_back else 0
+        # False for a step whose verified guesses put rows between the others' outputs.
+        self._rows_in_batch_order = True
 
     @property
     def name(self) -> str:
@@ -363,6 +381,7 @@ class LlamaCppBackend:
             self._forget(placement.copy_from)
         logprobs = request.top_logprobs is not None
         path = RowPath(sampler.plain_greedy, sampler.batched, request.sampling, logprobs)
+        speculates = self._draft_tokens and sampler.plain_greedy and not logprobs
         return LlamaSequence(
             slot=placement.slot,
             sampler=sampler,
@@ -370,6 +389,7 @@ class LlamaCppBackend:
             pending=list(prompt[placement.reuse :]),
             top_logprobs=request.top_logprobs,
             mode=self._graph.mode(path) if self._graph is not None else graph_sampling.HOST,
+            lookup=PromptLookup(prompt) if speculates else None,
         )
 
     def step(
@@ -412,11 +432,17 @@ class LlamaCppBackend:
             return [sampled.get(sequence) for sequence in own]
         decoded = time.perf_counter()
         ready: list[tuple[LlamaSequence, int]] = []
+        verifying: list[tuple[LlamaSequence, Chunk, int]] = []
         for (sequence, chunk), output in zip(chunks, outputs, strict=True):
             sequence.slot.tokens.extend(chunk.tokens)
             del sequence.pending[: len(chunk.tokens)]
-            if output >= 0:
+            if chunk.every_output:
+                verifying.append((sequence, chunk, output))
+            elif output >= 0:
                 ready.append((sequence, output))
+        self._rows_in_batch_order = not verifying
+        for sequence, chunk, last in verifying:
+            sampled[sequence] = self._verified(sequence, chunk, last)
         drawing = self._start_own_draws(ready)
         chosen = self._greedy_tokens(ready) | self._batched_tokens(ready)
         for sequence, output in ready:
@@ -499,7 +525,7 @@ class LlamaCppBackend:
             return {}
         if self._graph is not None:
             return {ready[row][0]: self._graph_greedy(*ready[row]) for row in rows}
-        logits = self._step_logits(len(ready))
+        logits = self._ready_logits(ready)
         if len(rows) == len(ready):
             tokens = self._rows.argmax(logits)
         else:  # row views: indexing with the list would copy every row first
@@ -514,7 +540,7 @@ class LlamaCppBackend:
             return {}
         if self._graph is not None:
             return self._graph_batched([ready[row] for row in rows])
-        logits = self._step_logits(len(ready))
+        logits = self._ready_logits(ready)
         if len(rows) < len(ready):
             logits = logits[rows]
         draws = [_draw_of(ready[row][0]) for row in rows]
@@ -556,11 +582,30 @@ class LlamaCppBackend:
         pointer = llama_cpp.llama_get_logits_ith(self._context.ctx, output)
         return np.ctypeslib.as_array(pointer, shape=(self._n_vocab,))
 
-    def _step_logits(self, outputs: int) -> npt.NDArray[np.float32]:
-        """This step's logits, a row per output in batch order (the order of `ready`),
-        viewed in llama.cpp's buffer, not copied."""
+    def _ready_logits(self, ready: list[tuple[LlamaSequence, int]]) -> npt.NDArray[np.float32]:
+        """The logits of the `ready` rows, in their order: viewed in llama.cpp's buffer,
+        not copied, when they are all of this step's outputs in batch order; copied
+        together when verified guesses added rows between them."""
+        if not self._rows_in_batch_order:
+            return np.stack([self._row_logits(output) for _, output in ready])
         pointer = llama_cpp.llama_get_logits(self._context.ctx)
-        return np.ctypeslib.as_array(pointer, shape=(outputs, self._n_vocab))
+        return np.ctypeslib.as_array(pointer, shape=(len(ready), self._n_vocab))
+
+    def _verified(self, sequence: LlamaSequence, chunk: Chunk, last: int) -> Sampled:
+        """A speculating sequence's run: its guesses the model agreed with and the
+        model's token after them (see speculation); the rejected guesses' cells go."""
+        first = last - len(chunk.tokens) + 1
+        model_tokens = [int(np.argmax(self._row_logits(row))) for row in range(first, last + 1)]
+        run = verified_run(sequence.drafts, model_tokens)
+        assert sequence.lookup is not None
+        sequence.lookup.verified(len(sequence.drafts), len(run) - 1)
+        kept = chunk.start + len(run)  # the pending token and the guesses that held
+        if kept < chunk.start + len(chunk.tokens):
+            llama_cpp.llama_memory_seq_rm(self._memory, chunk.seq_id, kept, -1)
+            del sequence.slot.tokens[kept:]
+        sequence.drafts = []
+        sequence.pending, sequence.decoding = [run[-1]], True
+        return Sampled(run[0], more=tuple(Sampled(token) for token in run[1:]))
 
     def _sampled(self, sequence: LlamaSequence, token: int, output: int) -> Sampled:
         """A token drawn for the whole step, with its logprobs when asked for (from the
@@ -603,16 +648,33 @@ class LlamaCppBackend:
         """This step's chunk per sequence, as `service.decode.step_plan` decides it."""
         seats = [Seat(_evaluable(s), s.decoding, self._own_draws.running(s)) for s in sequences]
         takes = plan_step(seats, self._batch.capacity, self._prefill_chunk)
-        return {
-            sequence: Chunk(
+        room = self._batch.capacity - sum(takes)
+        chunks = {}
+        for sequence, take in zip(sequences, takes, strict=True):
+            if not take:
+                continue
+            tokens = sequence.pending[:take]
+            sequence.drafts = []  # an interrupted step's guesses were never verified
+            if sequence.lookup is not None and sequence.decoding and room > 0:
+                held = len(sequence.slot.tokens)
+                # Its history is the cache's tokens (position 0 on) and the one it
+                # evaluates now; rejected guesses never enter it.
+                history = sequence.slot.tokens + sequence.pending
+                sequence.lookup.extend(history[len(sequence.lookup) :])
+                wanted = min(self._draft_tokens, room)
+                sequence.drafts = sequence.lookup.draft(
+                    draft_room(held, sequence.slot.reserved, wanted)
+                )
+                room -= len(sequence.drafts)
+                tokens = tokens + sequence.drafts
+            chunks[sequence] = Chunk(
                 seq_id=sequence.slot.seq_id,
                 start=len(sequence.slot.tokens),
-                tokens=sequence.pending[:take],
+                tokens=tokens,
                 wants_logits=take == len(sequence.pending),
+                every_output=bool(sequence.drafts),
             )
-            for sequence, take in zip(sequences, takes, strict=True)
-            if take
-        }
+        return chunks
 
     def _arrange_cache(self, placement: Placement) -> Placement:
         """Carry out a placement on the KV cache; the placement as it turned out."""

@@ -18,6 +18,8 @@ class Chunk:
     start: int  # the position of the first token in its sequence
     tokens: Sequence[int]
     wants_logits: bool  # whether the last token's output is sampled
+    # Every token's output, not the last one's only (drafted tokens being verified).
+    every_output: bool = False
 
 
 class StepInterrupted(Exception):
@@ -56,7 +58,7 @@ class Batch:
                 batch.pos[index] = chunk.start + offset  # type: ignore[call-overload]
                 batch.n_seq_id[index] = 1
                 batch.seq_id[index][0] = chunk.seq_id
-                batch.logits[index] = False
+                batch.logits[index] = chunk.every_output
                 index += 1
             if chunk.wants_logits:
                 batch.logits[index - 1] = True
