@@ -657,10 +657,7 @@ class LlamaCppBackend:
             sequence.drafts = []  # an interrupted step's guesses were never verified
             if sequence.lookup is not None and sequence.decoding and room > 0:
                 held = len(sequence.slot.tokens)
-                # Its history is the cache's tokens (position 0 on) and the one it
-                # evaluates now; rejected guesses never enter it.
-                history = sequence.slot.tokens + sequence.pending
-                sequence.lookup.extend(history[len(sequence.lookup) :])
+                _catch_up(sequence.lookup, sequence.slot.tokens, sequence.pending)
                 wanted = min(self._draft_tokens, room)
                 sequence.drafts = sequence.lookup.draft(
                     draft_room(held, sequence.slot.reserved, wanted)
@@ -762,6 +759,16 @@ def _evaluable(sequence: LlamaSequence) -> int:
     if reserved is None:
         return len(sequence.pending)
     return max(min(len(sequence.pending), reserved - len(sequence.slot.tokens)), 0)
+
+
+def _catch_up(lookup: PromptLookup, held: list[int], pending: list[int]) -> None:
+    """Give the lookup what its sequence added since: its history is the cache's tokens
+    (position 0 on) and the one it evaluates now, so rejected guesses never enter it.
+    Only the new tokens are read, not the whole history each step."""
+    known = len(lookup)
+    if known < len(held):
+        lookup.extend(held[known:])
+    lookup.extend(pending[max(known - len(held), 0) :])
 
 
 def _draw_of(sequence: LlamaSequence) -> Row:
