@@ -171,6 +171,13 @@ class ServerSettings(BaseModel):
         "/v1/completions, /v1/models) on HOST:PORT, with the gRPC port's token and TLS "
         "(off when unset).",
     )
+    address_file: Path | None = Field(
+        default=None,
+        description="Once listening, write the bound addresses to this file as JSON "
+        "(`grpc`, and `http`, `health`, `metrics` where served), so that a supervisor "
+        "that asked for port 0 learns the ports without a race (the cluster launcher "
+        "does).",
+    )
     http_body_seconds: float = Field(
         default=30.0,
         gt=0,

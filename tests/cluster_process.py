@@ -42,12 +42,14 @@ class ClusterProcess:
             if line.startswith('{"') and '"cluster ready"' in line:
                 self.ready = json.loads(line)
 
-    def wait_until_ready(self, timeout: float = 120) -> None:
+    def wait_until_ready(self, timeout: float = 240) -> None:
+        """The launcher gives each step of its start 120 s and exits naming the one
+        that failed: this waits longer, so that its message is what a failure says."""
         deadline = time.monotonic() + timeout
         while not self.ready and time.monotonic() < deadline:
-            assert self.process.poll() is None, f"the cluster exited: {self.log[-10:]}"
+            assert self.process.poll() is None, f"the cluster exited: {self.log[-30:]}"
             time.sleep(0.05)
-        assert self.ready, f"the cluster never got ready: {self.log[-10:]}"
+        assert self.ready, f"the cluster never got ready: {self.log[-30:]}"
 
     @property
     def listen(self) -> str:
@@ -144,13 +146,11 @@ class ClusterProcess:
         return int(self.ready["picker"]["pid"])
 
 
-@contextmanager
-def cluster_process(
+def cluster_command(
     replicas: int, server_args: Sequence[str] = (), launcher_args: Sequence[str] = ()
-) -> Iterator[ClusterProcess]:
-    """A cluster with free ports everywhere; stopped (SIGTERM, then SIGKILL) at the end.
-    `launcher_args` go to inference-cluster, `server_args` to every replica."""
-    command = [
+) -> list[str]:
+    """inference-cluster's command line with free ports everywhere."""
+    return [
         sys.executable, "-m", "service.cluster.launcher", "--replicas", str(replicas),
         "--listen", "127.0.0.1:0", "--replica-base-port", "0", "--picker-listen", "127.0.0.1:0",
         "--http-listen", "127.0.0.1:0", "--replica-http-base-port", "0",
@@ -158,6 +158,15 @@ def cluster_process(
         "--picker-metrics-listen", "127.0.0.1:0", *launcher_args,
         "--", "--threads", "1", *server_args,
     ]  # fmt: skip
+
+
+@contextmanager
+def cluster_process(
+    replicas: int, server_args: Sequence[str] = (), launcher_args: Sequence[str] = ()
+) -> Iterator[ClusterProcess]:
+    """A cluster with free ports everywhere; stopped (SIGTERM, then SIGKILL) at the end.
+    `launcher_args` go to inference-cluster, `server_args` to every replica."""
+    command = cluster_command(replicas, server_args, launcher_args)
     env = {**os.environ, "INFERENCE_LOG_FORMAT": "json"}
     process = subprocess.Popen(command, stderr=subprocess.PIPE, text=True, env=env)
     cluster = ClusterProcess(process)

@@ -31,6 +31,10 @@ from tests.cluster_process import (
 )
 from tests.conftest import GEMMA
 
+# The first test of the module starts the cluster, on a busy two-core machine up to
+# the launcher's own limits (120 s a step): give it room beyond pytest's 120 s.
+pytestmark = pytest.mark.timeout(300)
+
 NODE = shutil.which("node")
 NODE_CLIENT = Path(__file__).resolve().parent.parent / "clients" / "node"
 # The picker has seen a change once it has polled every replica again.

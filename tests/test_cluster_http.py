@@ -35,6 +35,10 @@ from tests.cluster_process import (
 )
 from tests.conftest import GEMMA, SMOLLM
 
+# The first test of the module starts the cluster, on a busy two-core machine up to
+# the launcher's own limits (120 s a step): give it room beyond pytest's 120 s.
+pytestmark = pytest.mark.timeout(300)
+
 # The picker has seen a change once it has polled every replica again.
 REPLICA_HEADER = "x-inference-replica"
 

@@ -28,6 +28,10 @@ from tests import raw_grpc
 from tests.cluster_process import ClusterProcess, cluster_process
 from tests.conftest import SMOLLM
 
+# The first test of the module starts the cluster, on a busy two-core machine up to
+# the launcher's own limits (120 s a step): give it room beyond pytest's 120 s.
+pytestmark = pytest.mark.timeout(300)
+
 ORIGIN = "https://app.example"
 NODE = shutil.which("node")
 NODE_CLIENT = Path(__file__).resolve().parent.parent / "clients" / "node"

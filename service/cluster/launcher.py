@@ -71,6 +71,7 @@ class Child:
     address: str
     process: subprocess.Popen[bytes]
     http_address: str | None = None  # a replica's OpenAI-compatible HTTP port
+    address_file: Path | None = None  # where a replica writes the ports it bound
 
     def describe(self) -> dict[str, object]:
         described: dict[str, object] = {"address": self.address, "pid": self.process.pid}
@@ -124,6 +125,7 @@ class Cluster:
         self.http_listen = ""
         self.admin = ""
         self._picker_command: list[str] = []
+        self.announced = False
 
     def _spawn(
         self, role: str, address: str, command: list[str], http_address: str | None = None
@@ -137,17 +139,23 @@ class Cluster:
     def start(self) -> None:
         host = self.args.replica_host
         for port, http_port in zip(
-            _ports(host, self.args.replica_base_port, self.args.replicas),
-            _ports(host, self.args.replica_http_base_port, self.args.replicas),
+            _ports(self.args.replica_base_port, self.args.replicas),
+            _ports(self.args.replica_http_base_port, self.args.replicas),
             strict=True,
         ):
             address = _address(host, port)
+            address_file = self.workdir / f"replica-{len(self.replicas)}.json"
             command = [sys.executable, "-m", "service.front", "--listen", address]
+            command += ["--address-file", str(address_file)]
             http_address = _address(host, http_port) if self.args.http_listen else None
             if http_address:
                 command += ["--http-listen", http_address]
             command += self.args.server_args
-            self.replicas.append(self._spawn("replica", address, command, http_address))
+            replica = self._spawn("replica", address, command, http_address)
+            replica.address_file = address_file
+            self.replicas.append(replica)
+        for replica in self.replicas:
+            self._learn_bound_ports(replica)
         if self.args.no_picker:
             self._start_envoy(None)
             return
@@ -192,6 +200,18 @@ class Cluster:
             )
         self.envoy.address = self.listen
 
+    def _learn_bound_ports(self, replica: Child) -> None:
+        """Port 0 is the replica's to resolve, binding it: a port the launcher probed
+        and let go could be taken by another process before the replica binds it."""
+        address_file = replica.address_file
+        assert address_file is not None
+        bound = json.loads(
+            self._wait_for(lambda: _read(address_file), f"replica {replica.address} to listen")
+        )
+        replica.address = bound["grpc"]
+        if replica.http_address is not None:
+            replica.http_address = bound["http"]
+
     def _listener_address(self, name: str) -> str:
         with urllib.request.urlopen(f"http://{self.admin}/listeners?format=json", timeout=2) as r:
             listeners = json.load(r)["listener_statuses"]
@@ -235,9 +255,15 @@ class Cluster:
         return healthy >= wanted
 
     def _check_alive(self) -> None:
-        for child in (self.picker, self.envoy):
+        """A child that exited during start-up fails the start at once, naming it,
+        rather than after START_TIMEOUT; once announced, only the picker and Envoy
+        are vital."""
+        starting = () if self.announced else tuple(self.replicas)
+        for child in (*starting, self.picker, self.envoy):
             if child is not None and child.process.poll() is not None:
-                raise SystemExit(f"{child.role} exited with status {child.process.returncode}")
+                raise SystemExit(
+                    f"{child.role} {child.address} exited with status {child.process.returncode}"
+                )
 
     def _restart_picker_if_dead(self) -> None:
         """Envoy serves on without the picker (least-request), but cache and model
@@ -250,6 +276,7 @@ class Cluster:
 
     def announce(self) -> None:
         assert self.envoy is not None
+        self.announced = True
         log.info(
             "cluster ready",
             listen=self.listen,
@@ -292,9 +319,9 @@ class Cluster:
         log.info("cluster stopped")
 
 
-def _ports(host: str, base: int, count: int) -> list[int]:
-    """`count` consecutive ports from `base`; base 0: free ones."""
-    return [base + i if base else free_port(host) for i in range(count)]
+def _ports(base: int, count: int) -> list[int]:
+    """`count` consecutive ports from `base`; base 0: port 0 each, bound by the replica."""
+    return [base + i if base else 0 for i in range(count)]
 
 
 def _replica_spec(replica: Child) -> str:

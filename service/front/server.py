@@ -11,8 +11,10 @@ in-flight ones get the grace period to finish, then the process exits 0.
 from __future__ import annotations
 
 import asyncio
+import json
 import signal
 from collections.abc import Coroutine, Sequence
+from pathlib import Path
 from typing import Any
 
 import grpc
@@ -141,6 +143,7 @@ class InferenceServer:
         self._health_updates: set[asyncio.Task[None]] = set()
         self.metrics_port: int | None = None
         self.health_port: int | None = None
+        self.http_port: int | None = None
         commands = CommandResolver(settings.image_command, settings.image_command_managed)
         limits = ImageLimits(
             settings.image_max_width, settings.image_max_height, settings.image_max_steps
@@ -231,10 +234,10 @@ class InferenceServer:
             log.info("metrics", address=self.settings.metrics_listen, port=self.metrics_port)
         if self.http is not None and self.settings.http_listen:
             host, _, port_text = self.settings.http_listen.rpartition(":")
-            http_port = await self.http.start(
+            self.http_port = await self.http.start(
                 host.strip("[]"), int(port_text), http_tls(self.settings)
             )
-            log.info("http", address=self.settings.http_listen, port=http_port)
+            log.info("http", address=self.settings.http_listen, port=self.http_port)
         self.pool.start_housekeeping()
         self._warm_task = asyncio.create_task(self._warm_default_model())
         return port
@@ -313,6 +316,28 @@ class InferenceServer:
             await self.health.set(service, status)
 
 
+def bound_addresses(settings: Settings, server: InferenceServer, port: int) -> dict[str, str]:
+    """Each listener's HOST:PORT with the port it really bound (port 0 resolved)."""
+    listeners = {
+        "grpc": (settings.listen, port),
+        "http": (settings.http_listen, server.http_port),
+        "health": (settings.health_listen, server.health_port),
+        "metrics": (settings.metrics_listen, server.metrics_port),
+    }
+    return {
+        name: f"{listen.rpartition(':')[0]}:{bound}"
+        for name, (listen, bound) in listeners.items()
+        if listen and bound
+    }
+
+
+def write_address_file(path: Path, addresses: dict[str, str]) -> None:
+    """Whole or not at all: a reader polling for the file never sees half of it."""
+    partial = path.with_name(path.name + ".partial")
+    partial.write_text(json.dumps(addresses))
+    partial.replace(path)
+
+
 def model_service(model: str) -> str:
     """The health service name that says whether one model can serve."""
     return f"model/{model}"
@@ -323,6 +348,8 @@ async def serve(settings: Settings) -> None:
     port = await server.start()
     host = settings.listen.rpartition(":")[0]
     log.info("serving", address=f"{host}:{port}", default_model=settings.default_model)
+    if settings.address_file is not None:
+        write_address_file(settings.address_file, bound_addresses(settings, server, port))
     stopping = asyncio.Event()
     loop = asyncio.get_running_loop()
     for signum in (signal.SIGTERM, signal.SIGINT):
