@@ -345,11 +345,10 @@ def model_service(model: str) -> str:
 
 async def serve(settings: Settings) -> None:
     server = InferenceServer(settings)
-    port = await server.start()
-    host = settings.listen.rpartition(":")[0]
-    log.info("serving", address=f"{host}:{port}", default_model=settings.default_model)
+    addresses = bound_addresses(settings, server, await server.start())
+    log.info("serving", address=addresses["grpc"], default_model=settings.default_model)
     if settings.address_file is not None:
-        write_address_file(settings.address_file, bound_addresses(settings, server, port))
+        write_address_file(settings.address_file, addresses)
     stopping = asyncio.Event()
     loop = asyncio.get_running_loop()
     for signum in (signal.SIGTERM, signal.SIGINT):
